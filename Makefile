@@ -1,0 +1,45 @@
+# rtvoice: `make run` starts the server on the embedded voice; `make test` runs the whole suite.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# A CPU build of torch that lies on these machines; a bare `torch` would pull a CUDA build of several GB.
+TORCH_CPU ?= torch==2.13.0
+
+.PHONY: run test venv test-deps browser bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e .
+	touch $@
+
+venv: $(VENV)/.installed
+
+run: venv
+	$(VENV)/bin/rtvoice serve
+
+$(VENV)/.test-installed: $(VENV)/.installed pyproject.toml
+	$(PIP) install --quiet $(TORCH_CPU)
+	$(PIP) install --quiet -e '.[test,cosyvoice,bench]'
+	touch $@
+
+test-deps: $(VENV)/.test-installed
+
+# Debian's chromium drives the web-page test; install it when missing and we may.
+browser:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "could not install chromium"; \
+	  else echo "chromium missing (not root): browser tests will skip unless RTVOICE_REQUIRE_BROWSER=1"; fi; \
+	fi
+
+test: test-deps browser
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: test-deps
+	$(PY) -m bench.ttfa
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,1 @@
+"""Audio plumbing shared by every transport: PCM conversion, cross-fades, resampling, encoding, framing."""

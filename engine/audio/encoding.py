@@ -1,0 +1,146 @@
+"""Streaming audio encoders: raw PCM, WAV with a streaming header, and PyAV codecs.
+
+Every encoder takes int16 mono chunks as they come and returns the bytes that
+are ready, so a response body can be sent progressively.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Protocol
+
+import av
+import numpy as np
+
+UNKNOWN_SIZE = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class AudioFormat:
+    name: str
+    content_type: str
+    container: str | None = None
+    codec: str | None = None
+    bit_rate: int | None = None
+
+
+FORMATS: dict[str, AudioFormat] = {
+    "pcm": AudioFormat("pcm", "audio/pcm"),
+    "wav": AudioFormat("wav", "audio/wav"),
+    "mp3": AudioFormat("mp3", "audio/mpeg", "mp3", "libmp3lame", 64_000),
+    "opus": AudioFormat("opus", "audio/ogg; codecs=opus", "ogg", "libopus", 32_000),
+    "aac": AudioFormat("aac", "audio/aac", "adts", "aac", 64_000),
+    "flac": AudioFormat("flac", "audio/flac", "flac", "flac"),
+}
+
+
+class Encoder(Protocol):
+    content_type: str
+
+    def encode(self, pcm: np.ndarray) -> bytes: ...
+
+    def finish(self) -> bytes: ...
+
+
+def wav_header(sample_rate: int, data_bytes: int | None = None, channels: int = 1) -> bytes:
+    """A 44-byte PCM WAV header; without ``data_bytes`` the sizes say 'unknown' (0xFFFFFFFF), for streaming."""
+    block_align = channels * 2
+    data_size = UNKNOWN_SIZE if data_bytes is None else data_bytes
+    riff_size = UNKNOWN_SIZE if data_bytes is None else 36 + data_bytes
+    return (
+        b"RIFF" + struct.pack("<I", riff_size) + b"WAVE"
+        + b"fmt " + struct.pack("<IHHIIHH", 16, 1, channels, sample_rate, sample_rate * block_align, block_align, 16)
+        + b"data" + struct.pack("<I", data_size)
+    )
+
+
+class PcmEncoder:
+    content_type = FORMATS["pcm"].content_type
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        return pcm.astype("<i2", copy=False).tobytes()
+
+    def finish(self) -> bytes:
+        return b""
+
+
+class WavEncoder(PcmEncoder):
+    content_type = FORMATS["wav"].content_type
+
+    def __init__(self, sample_rate: int) -> None:
+        self._header: bytes | None = wav_header(sample_rate)
+
+    def header(self) -> bytes:
+        """The header alone, so a response can start before the first audio."""
+        header, self._header = self._header or b"", None
+        return header
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        return self.header() + super().encode(pcm)
+
+    def finish(self) -> bytes:
+        return self.header()
+
+
+class _Sink:
+    """A write-only file for PyAV's muxer; what it gathers is taken after each packet."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+
+    def write(self, data: bytes) -> int:
+        self.buffer += data
+        return len(data)
+
+    def take(self) -> bytes:
+        data = bytes(self.buffer)
+        self.buffer.clear()
+        return data
+
+
+class AvEncoder:
+    """mp3, opus (in Ogg), aac (ADTS) and flac through PyAV's codecs."""
+
+    def __init__(self, fmt: AudioFormat, sample_rate: int) -> None:
+        self.content_type = fmt.content_type
+        self.sample_rate = sample_rate
+        self._sink = _Sink()
+        # Ogg pages are otherwise a second long: flush one per 20 ms packet so audio streams.
+        options = {"page_duration": "20000"} if fmt.container == "ogg" else {}
+        self._container = av.open(self._sink, mode="w", format=fmt.container, options=options)
+        self._stream = self._container.add_stream(fmt.codec, rate=sample_rate)
+        self._stream.layout = "mono"
+        if fmt.bit_rate:
+            self._stream.bit_rate = fmt.bit_rate
+        self._pts = 0
+        self._closed = False
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        if len(pcm) == 0:
+            return self._sink.take()
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(pcm, dtype=np.int16)[None, :], format="s16",
+                                           layout="mono")
+        frame.sample_rate = self.sample_rate
+        frame.pts = self._pts
+        self._pts += len(pcm)
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)
+        return self._sink.take()
+
+    def finish(self) -> bytes:
+        if not self._closed:
+            for packet in self._stream.encode(None):
+                self._container.mux(packet)
+            self._container.close()
+            self._closed = True
+        return self._sink.take()
+
+
+def create_encoder(format_name: str, sample_rate: int) -> Encoder:
+    fmt = FORMATS[format_name]
+    if fmt.name == "pcm":
+        return PcmEncoder()
+    if fmt.name == "wav":
+        return WavEncoder(sample_rate)
+    return AvEncoder(fmt, sample_rate)

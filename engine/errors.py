@@ -1,0 +1,41 @@
+"""Errors the engine raises for bad requests and overload; transports map them to their protocol."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """A request the engine will not serve; ``code`` and ``param`` name the problem."""
+
+    status = 400
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, code: str = "invalid_request", param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.param = param
+
+
+class InvalidRequest(EngineError):
+    pass
+
+
+class UnknownVoice(EngineError):
+    def __init__(self, name: str, valid: list[str], param: str = "voice") -> None:
+        super().__init__(
+            f"unknown voice {name!r}; valid voices: {', '.join(valid)}", code="voice_not_found", param=param
+        )
+
+
+class Overloaded(EngineError):
+    status = 503
+    type = "server_overloaded"
+
+    def __init__(self, retry_after_s: int = 1) -> None:
+        super().__init__("the server is at capacity; retry shortly", code="overloaded")
+        self.retry_after_s = retry_after_s
+
+
+class StreamFailed(EngineError):
+    status = 500
+    type = "server_error"

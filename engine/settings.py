@@ -1,0 +1,68 @@
+"""All of rtvoice's settings, in one place.
+
+Every field reads from the environment with the ``RTVOICE_`` prefix (and from a
+``.env`` file in the working directory); ``.env.example`` documents each one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+OPENAI_VOICE_NAMES = (
+    "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "marin", "cedar",
+)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RTVOICE_", env_file=".env", extra="ignore")
+
+    # Server
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_level: str = "info"
+    cors_allow_origins: list[str] = ["*"]
+    """Origins allowed to call the API from a browser (JSON list)."""
+
+    # Voices
+    default_voice: str = ""
+    """Voice id used when a request names none; empty means the embedded voice."""
+    voices_dir: Path | None = None
+    """Directory of extra Piper voices (``*.onnx`` with ``*.onnx.json`` beside each)."""
+    openai_voice_map: dict[str, str] = Field(default_factory=dict)
+    """OpenAI voice name (or any alias) -> voice id, as JSON; OpenAI names not listed speak with the default voice."""
+    warmup: bool = True
+    """Run every voice once at start-up so the first request does not pay for it."""
+
+    # Limits
+    max_text_chars: int = 4096
+    max_active_streams: int = 32
+    """Streams synthesising at once; more wait in the queue."""
+    max_queued_streams: int = 64
+    """Streams waiting for a slot; past this, requests get 503."""
+    max_buffered_audio_s: float = 20.0
+    """Audio a stream may produce ahead of what its client has taken."""
+
+    # Streaming
+    first_chunk_ms: int = 120
+    """Audio in a stream's first chunk: small, so the first bytes leave early."""
+    chunk_ms: int = 750
+    """Audio in each later chunk: larger, so the per-call overhead is paid rarely."""
+    flow_chunk_ms: int = 1500
+    """Audio covered by each run of the flow (its context is paid once per run)."""
+    crossfade_ms: float = 12.0
+    """Overlap between neighbouring chunks, joined with a Hamming cross-fade."""
+    first_segment_max_chars: int = 90
+    """The first segment is split at a clause or word boundary past this length (time to first audio)."""
+    segment_max_chars: int = 300
+    """Later segments are split at a clause or word boundary past this length."""
+
+    # Scheduling and threads
+    max_batch_size: int = 8
+    max_batch_wait_ms: float = 0.0
+    runner_threads: int = 2
+    """Model calls that run at once."""
+    intra_op_threads: int = 1
+    """onnxruntime threads inside one model call."""

@@ -1,0 +1,51 @@
+from engine.text import Segmenter, is_speakable, normalize, segment
+
+LONG = ("When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone expected "
+        "a short meeting, but the discussion about the new budget, the delayed construction of the bridge, and the "
+        "future of the community garden went on for hours.")
+
+
+def test_sentences_and_abbreviations() -> None:
+    text = "Dr. Smith paid $3.50 on Jan. 5th! Version 3.5 is out. J. R. R. Tolkien wrote it, e.g. in 1937."
+    assert segment(text, 90, 300) == [
+        "Doctor Smith paid 3 dollars 50 cents on January 5th!",
+        "Version 3.5 is out.",
+        "J. R. R. Tolkien wrote it, for example in 1937.",
+    ]
+
+
+def test_long_first_sentence_is_cut_at_a_clause() -> None:
+    segments = segment(LONG, 90, 300)
+    assert segments[0] == "When the committee finally gathered in the old library on a rainy Thursday afternoon,"
+    assert all(len(s) <= 300 for s in segments)
+    assert " ".join(segments) == LONG
+
+
+def test_word_boundary_when_no_clause() -> None:
+    text = " ".join(["word"] * 60)
+    segments = segment(text, 40, 100)
+    assert len(segments[0]) <= 40 and all(len(s) <= 100 for s in segments)
+    assert " ".join(segments) == text
+
+
+def test_fragments_give_the_same_segments_as_whole_text() -> None:
+    text = LONG + " Dr. Who? Yes! Numbers like 3.14 stay whole.\n\nA new paragraph"
+    segmenter = Segmenter(90, 300)
+    pieces: list[str] = []
+    for i in range(0, len(text), 3):  # an LLM's few characters at a time
+        pieces += segmenter.push(text[i:i + 3])
+    pieces += segmenter.flush()
+    assert pieces == segment(text, 90, 300)
+
+
+def test_sentence_waits_for_what_follows_its_terminator() -> None:
+    segmenter = Segmenter(90, 300)
+    assert segmenter.push("It costs 3.") == []
+    assert segmenter.push("5 dollars. Then") == ["It costs 3.5 dollars."]
+    assert segmenter.flush() == ["Then"]
+
+
+def test_normalize_and_speakable() -> None:
+    assert normalize("\u201cHi\u201d \u2014 there\x07  now") == '"Hi" , there now'
+    assert not is_speakable(" ...!? ")
+    assert is_speakable("42")
