@@ -1,0 +1,55 @@
+"""Cost of batched model calls against the same steps run one by one, per Piper stage, on this machine.
+
+    python -m bench.batch_calls
+
+The scheduler's per-kind batch limits for Piper (``PiperVoice.BATCH_LIMITS``) come from this table: a ratio
+below 1 means one batched call beats the same steps run singly.
+"""
+
+from __future__ import annotations
+
+import time
+
+from engine.models.base import Step, SynthesisOptions
+from engine.models.piper.voice import PiperVoice
+from engine.voices import embedded_voice_path
+
+TEXT = "The quick brown fox jumps over the lazy dog near the river."
+
+
+def first_step(voice: PiperVoice, kind: str, seed: int) -> Step:
+    """The first step of ``kind`` (a full-size chunk for the decoder) of a fresh stream."""
+    session = voice.open_session(SynthesisOptions(seed=seed))
+    session.add_segment(TEXT)
+    while True:
+        step = session.next_step()
+        assert step is not None
+        full_chunk = step.kind != "decode" or step.payload.end - step.payload.start >= voice.chunk_frames
+        if step.kind == kind and full_chunk:
+            return step
+        (result,) = voice.run(step.kind, [step.payload])
+        session.complete(step, result)
+
+
+def main(repeats: int = 3) -> None:
+    voice = PiperVoice(embedded_voice_path())
+    voice.warmup()
+    print(f"{'kind':8} {'batch':>5} {'batched ms':>11} {'singly ms':>10} {'ratio':>6}")
+    for kind in ("encode", "flow", "decode"):
+        for size in (1, 2, 4, 8):
+            payloads = [first_step(voice, kind, seed).payload for seed in range(size)]
+            voice.run(kind, payloads)
+            start = time.perf_counter()
+            for _ in range(repeats):
+                voice.run(kind, payloads)
+            batched = (time.perf_counter() - start) / repeats
+            start = time.perf_counter()
+            for _ in range(repeats):
+                for payload in payloads:
+                    voice.run(kind, [payload])
+            singly = (time.perf_counter() - start) / repeats
+            print(f"{kind:8} {size:5d} {batched * 1e3:11.1f} {singly * 1e3:10.1f} {batched / singly:6.2f}")
+
+
+if __name__ == "__main__":
+    main()

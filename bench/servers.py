@@ -1,0 +1,85 @@
+"""Start servers on loopback for tests and benchmarks: rtvoice itself, and Piper's own HTTP server."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen[bytes]
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """The sum of the samples of ``name`` in /metrics that carry ``labels`` (0 when absent)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(f"{self.url}/metrics").text
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
+                    total += sample.value
+        return total
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"{url} did not answer within {timeout_s} s")
+
+
+def start_rtvoice(env: dict[str, str] | None = None, quiet: bool = True) -> Server:
+    """rtvoice as its own process on a free loopback port; returns once /readyz says ready."""
+    port = free_port()
+    full_env = {**os.environ, "RTVOICE_HOST": "127.0.0.1", "RTVOICE_PORT": str(port),
+                "RTVOICE_LOG_LEVEL": "warning", **(env or {})}
+    output = subprocess.DEVNULL if quiet else None
+    process = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], cwd=REPO, env=full_env, stdout=output)
+    url = f"http://127.0.0.1:{port}"
+    _wait_ready(process, f"{url}/readyz")
+    return Server(url, process)
+
+
+def start_piper_http(model: Path) -> Server:
+    """Piper's own Flask server (``piper-tts[http]``) with the same voice."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "piper.http_server", "-m", str(model), "--host", "127.0.0.1", "--port", str(port)],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    _wait_ready(process, f"{url}/info")
+    return Server(url, process)

@@ -1,0 +1,343 @@
+"""Piper voices, streamed below sentence level.
+
+A segment runs through three stages (see ``graph.py``): one encoder pass gives
+its frame-level prior; the flow turns windows of it into latent frames; the
+decoder turns chunks of latent into audio. Each flow window and decoder chunk
+carries enough context frames on both sides (derived from the graph) that the
+joined chunks equal a whole-segment decode; neighbouring chunks also overlap
+by a few samples, joined with a Hamming cross-fade.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime
+from piper.config import PiperConfig
+from piper.voice import PiperVoice as PiperPhonemizer
+
+from engine.audio.pcm import hamming_crossfade
+from engine.models.base import Step, SynthesisOptions, Voice, VoiceInfo, VoiceSession
+from engine.models.piper import graph
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """Chunk sizes in milliseconds of audio; the voice converts them to frames."""
+
+    first_chunk_ms: int = 120
+    chunk_ms: int = 750
+    flow_chunk_ms: int = 1500
+    crossfade_ms: float = 12.0
+
+
+@dataclass
+class EncodeJob:
+    text: str
+    rng: np.random.Generator
+    length_scale: float
+    noise_scale: float
+    noise_w: float
+
+
+@dataclass
+class EncodedSegment:
+    frames: int
+    frame_inputs: dict[str, np.ndarray]
+    """Flow inputs of this segment: [C, T] arrays, scalars as they are."""
+
+
+@dataclass
+class FlowJob:
+    inputs: dict[str, np.ndarray]
+    keep_from: int
+    keep_frames: int
+
+
+@dataclass
+class DecodeJob:
+    latent: np.ndarray
+    start: int
+    """First latent frame in ``latent`` (left context included)."""
+    end: int
+    """Frame where this chunk's final audio stops; a cross-fade tail follows it."""
+
+
+@dataclass
+class _Segment:
+    text: str
+    ramp: bool
+    frames: int = -1
+    frame_inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    latent: np.ndarray | None = None
+    flowed: int = 0
+    decoded: int = 0
+    chunks: int = 0
+    tail: np.ndarray | None = None
+
+
+def _session_options(intra_op_threads: int) -> onnxruntime.SessionOptions:
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    # Spinning worker threads would burn the cores that other runners need.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+class PiperVoice(Voice):
+    def __init__(
+        self,
+        model_path: Path,
+        voice_id: str | None = None,
+        plan: ChunkPlan = ChunkPlan(),
+        intra_op_threads: int = 1,
+    ) -> None:
+        model_path = Path(model_path)
+        config_path = Path(f"{model_path}.json")
+        if not config_path.exists():
+            raise FileNotFoundError(f"voice config {config_path} is missing")
+        config_dict = json.loads(config_path.read_text(encoding="utf-8"))
+        self.config = PiperConfig.from_dict(config_dict)
+        language = config_dict.get("language", {}).get("code") or self.config.espeak_voice
+        name = model_path.name.removesuffix(".onnx")
+        self.info = VoiceInfo(
+            id=voice_id or name,
+            name=name,
+            language=language,
+            sample_rate=self.config.sample_rate,
+            model="piper",
+            description=f"Piper voice {name} ({config_dict.get('audio', {}).get('quality', 'unknown')} quality)",
+        )
+        self.hop = self.config.hop_length
+        # piper-tts's own phonemiser (espeak-ng and friends); its ONNX session is ours, not its.
+        self.phonemizer = PiperPhonemizer(session=None, config=self.config)  # type: ignore[arg-type]
+
+        model = onnx.load(str(model_path))
+        self.graphs = graph.split(model)
+        self.duration_noise_channels = [graph.noise_channels(model, name) for name in self.graphs.duration_noise]
+        del model
+        self.flow_context = graph.context_frames(self.graphs.flow)
+        self.decoder_context = graph.context_frames(self.graphs.decoder)
+        options = _session_options(intra_op_threads)
+        providers = ["CPUExecutionProvider"]
+        self.encoder = onnxruntime.InferenceSession(self.graphs.encoder.model, options, providers=providers)
+        self.flow = onnxruntime.InferenceSession(self.graphs.flow.model, options, providers=providers)
+        self.decoder = onnxruntime.InferenceSession(self.graphs.decoder.model, options, providers=providers)
+
+        frame_ms = 1000 * self.hop / self.info.sample_rate
+        self.first_chunk_frames = max(1, round(plan.first_chunk_ms / frame_ms))
+        self.chunk_frames = max(self.first_chunk_frames, round(plan.chunk_ms / frame_ms))
+        self.flow_chunk_frames = max(self.chunk_frames, round(plan.flow_chunk_ms / frame_ms))
+        self.overlap_frames = max(1, round(plan.crossfade_ms / frame_ms)) if plan.crossfade_ms > 0 else 0
+
+    # -- sessions -----------------------------------------------------------------------------
+
+    def open_session(self, options: SynthesisOptions) -> PiperSession:
+        self.validate(options)
+        return PiperSession(self, options)
+
+    # Measured on the CPU (bench/batch_calls.py): batching saves ~15% on encoder
+    # passes and ~8% on flow windows, but makes decoder chunks ~1.5x slower per
+    # item at 4 or more, so decoder chunks run one at a time.
+    BATCH_LIMITS = {"encode": 1 << 16, "flow": 1 << 16, "decode": 1}
+
+    def max_batch(self, kind: str) -> int:
+        return self.BATCH_LIMITS.get(kind, 1)
+
+    def validate(self, options: SynthesisOptions) -> None:
+        if not 0.25 <= options.speed <= 4.0:
+            raise ValueError("speed must be between 0.25 and 4.0")
+
+    def phoneme_ids(self, text: str) -> list[int]:
+        """One id sequence for the whole segment, even where the phonemiser sees several sentences."""
+        ids: list[int] = []
+        for sentence in self.phonemizer.phonemize(text):
+            if sentence:
+                ids.extend(self.phonemizer.phonemes_to_ids(sentence))
+        return ids
+
+    # -- batched model calls --------------------------------------------------------------------
+
+    def run(self, kind: str, payloads: list[Any]) -> list[Any]:
+        if kind == "encode":
+            return self._encode(payloads)
+        if kind == "flow":
+            return self._flow(payloads)
+        if kind == "decode":
+            return self._decode(payloads)
+        raise ValueError(f"unknown step kind {kind!r}")
+
+    def _encode(self, jobs: list[EncodeJob]) -> list[EncodedSegment]:
+        id_lists = [self.phoneme_ids(job.text) for job in jobs]
+        results: list[EncodedSegment | None] = [None] * len(jobs)
+        live = [i for i, ids in enumerate(id_lists) if ids]
+        for i in set(range(len(jobs))) - set(live):
+            results[i] = EncodedSegment(frames=0, frame_inputs={})
+        if live:
+            longest = max(len(id_lists[i]) for i in live)
+            ids = np.zeros((len(live), longest), dtype=np.int64)
+            lengths = np.zeros(len(live), dtype=np.int64)
+            noises = [np.zeros((len(live), c, longest), dtype=np.float32) for c in self.duration_noise_channels]
+            for row, i in enumerate(live):
+                job, n = jobs[i], len(id_lists[i])
+                ids[row, :n] = id_lists[i]
+                lengths[row] = n
+                for noise, channels in zip(noises, self.duration_noise_channels):
+                    noise[row, :, :n] = job.rng.standard_normal((channels, n), dtype=np.float32) * job.noise_w
+            # Noise is drawn (and scaled) per stream above, so the graph's own scales stay at one.
+            feeds: dict[str, np.ndarray] = {
+                "input": ids,
+                "input_lengths": lengths,
+                "scales": np.array([1.0, jobs[live[0]].length_scale, 1.0], dtype=np.float32),
+                **dict(zip(self.graphs.duration_noise, noises)),
+            }
+            if "sid" in self.graphs.encoder.inputs:
+                feeds["sid"] = np.full(len(live), self.config.default_speaker_id, dtype=np.int64)
+            outputs = dict(zip(self.graphs.encoder.outputs, self.encoder.run(None, feeds)))
+            mask = outputs[self.graphs.frame_mask]
+            padded_frames = mask.shape[-1]
+            for row, i in enumerate(live):
+                frames = int(mask[row].sum())
+                frame_inputs = {
+                    name: (value[row, ..., :frames] if value.ndim == 3 and value.shape[-1] == padded_frames else value)
+                    for name, value in outputs.items()
+                }
+                mean = frame_inputs[self.graphs.prior_mean]
+                frame_inputs[self.graphs.prior_noise] = (
+                    jobs[i].rng.standard_normal(mean.shape, dtype=np.float32) * jobs[i].noise_scale
+                )
+                results[i] = EncodedSegment(frames=frames, frame_inputs=frame_inputs)
+        return results  # type: ignore[return-value]
+
+    def _flow(self, jobs: list[FlowJob]) -> list[np.ndarray]:
+        longest = max(job.inputs[self.graphs.frame_mask].shape[-1] for job in jobs)
+        feeds: dict[str, np.ndarray] = {}
+        for name in self.graphs.flow.inputs:
+            values = [job.inputs[name] for job in jobs]
+            if values[0].ndim == 2:  # frame-local [C, T]: zero-pad; the mask keeps padding out
+                batch = np.zeros((len(jobs), values[0].shape[0], longest), dtype=values[0].dtype)
+                for row, value in enumerate(values):
+                    batch[row, :, : value.shape[-1]] = value
+                feeds[name] = batch
+            else:
+                feeds[name] = values[0]
+        (latent,) = self.flow.run(None, feeds)
+        return [latent[row, :, job.keep_from: job.keep_from + job.keep_frames] for row, job in enumerate(jobs)]
+
+    def _decode(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
+        (audio,) = self.decoder.run(None, {self.graphs.latent: np.stack([job.latent for job in jobs])})
+        return list(audio.reshape(len(jobs), -1))
+
+    def warmup(self) -> None:
+        session = self.open_session(SynthesisOptions(seed=0))
+        session.add_segment("Warming up the voice.")
+        while (step := session.next_step()) is not None:
+            (result,) = self.run(step.kind, [step.payload])
+            session.complete(step, result)
+
+
+class PiperSession(VoiceSession):
+    def __init__(self, voice: PiperVoice, options: SynthesisOptions) -> None:
+        self.voice = voice
+        self.rng = np.random.default_rng(options.seed)
+        self.length_scale = voice.config.length_scale / options.speed
+        self.pending: deque[_Segment] = deque()
+        self.current: _Segment | None = None
+
+    @property
+    def idle(self) -> bool:
+        return self.current is None and not self.pending
+
+    def add_segment(self, text: str) -> None:
+        # A segment that arrives while nothing is playing starts with a small
+        # chunk again (time to first audio); queued ones go straight to full chunks.
+        self.pending.append(_Segment(text=text, ramp=self.idle))
+
+    def _chunk_end(self, segment: _Segment) -> int:
+        v = self.voice
+        size = v.chunk_frames
+        if segment.ramp:
+            size = min(v.chunk_frames, v.first_chunk_frames << segment.chunks)
+        end = segment.decoded + size
+        # Fold a short remainder into this chunk rather than paying a call for it.
+        if segment.frames - end < size // 2:
+            end = segment.frames
+        return min(end, segment.frames)
+
+    def next_step(self) -> Step | None:
+        # Pure: it describes the next step without changing the session, so the
+        # scheduler may ask every stream and schedule only some of them.
+        v = self.voice
+        if self.current is None:
+            if not self.pending:
+                return None
+            job = EncodeJob(
+                text=self.pending[0].text,
+                rng=self.rng,
+                length_scale=self.length_scale,
+                noise_scale=v.config.noise_scale,
+                noise_w=v.config.noise_w_scale,
+            )
+            return Step("encode", ("encode", v.info.id, self.length_scale), job, self)
+        segment = self.current
+        end = self._chunk_end(segment)
+        needed = min(segment.frames, end + v.overlap_frames + v.decoder_context)
+        if segment.flowed >= needed:
+            start = max(0, segment.decoded - v.decoder_context)
+            latent = segment.latent[:, start:needed]  # type: ignore[index]
+            return Step("decode", ("decode", v.info.id, latent.shape[-1]), DecodeJob(latent, start, end), self)
+        # A ramping segment's first window covers just its first chunk (time to first audio).
+        window = 0 if segment.ramp and segment.flowed == 0 else v.flow_chunk_frames
+        window_end = min(segment.frames, max(needed, segment.flowed + window))
+        lo = max(0, segment.flowed - v.flow_context)
+        hi = min(segment.frames, window_end + v.flow_context)
+        inputs = {
+            name: (value[:, lo:hi] if value.ndim == 2 else value) for name, value in segment.frame_inputs.items()
+        }
+        job = FlowJob(inputs=inputs, keep_from=segment.flowed - lo, keep_frames=window_end - segment.flowed)
+        return Step("flow", ("flow", v.info.id), job, self)
+
+    def complete(self, step: Step, result: Any) -> np.ndarray | None:
+        if step.kind == "encode":
+            segment = self.pending.popleft()
+            encoded: EncodedSegment = result
+            if encoded.frames == 0:
+                self.segments_done += 1
+                return None
+            self.current = segment
+            segment.frames = encoded.frames
+            segment.frame_inputs = {k: v for k, v in encoded.frame_inputs.items() if k in self.voice.graphs.flow.inputs}
+            channels = segment.frame_inputs[self.voice.graphs.prior_mean].shape[0]
+            segment.latent = np.empty((channels, encoded.frames), dtype=np.float32)
+            return None
+        segment = self.current
+        assert segment is not None
+        if step.kind == "flow":
+            job: FlowJob = step.payload
+            segment.latent[:, segment.flowed: segment.flowed + job.keep_frames] = result  # type: ignore[index]
+            segment.flowed += job.keep_frames
+            return None
+        # decode
+        hop = self.voice.hop
+        start, end = step.payload.start, step.payload.end
+        audio = result[(segment.decoded - start) * hop:]
+        body = audio[: (end - segment.decoded) * hop].copy()
+        if segment.tail is not None and len(segment.tail):
+            overlap = min(len(segment.tail), len(body))
+            body[:overlap] = hamming_crossfade(segment.tail[:overlap], body[:overlap])
+        tail_from = (end - segment.decoded) * hop
+        segment.tail = audio[tail_from: tail_from + self.voice.overlap_frames * hop]
+        segment.decoded = end
+        segment.chunks += 1
+        if end >= segment.frames:
+            self.current = None
+            self.segments_done += 1
+        return body

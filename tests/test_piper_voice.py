@@ -1,0 +1,153 @@
+"""The embedded Piper voice, split into streamable stages: equality with the whole graph, chunking, batching."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+
+from engine.models.base import SynthesisOptions
+from engine.models.piper import graph
+from engine.models.piper.voice import PiperVoice
+from engine.voices import embedded_voice_path
+from tests.audio import snr_db
+
+SENTENCE = "The quick brown fox jumps over the lazy dog near the river, and then it runs far away into the woods."
+
+
+def run_session(voice: PiperVoice, text: str, seed: int, speed: float = 1.0) -> np.ndarray:
+    session = voice.open_session(SynthesisOptions(seed=seed, speed=speed))
+    session.add_segment(text)
+    audio = []
+    while (step := session.next_step()) is not None:
+        (result,) = voice.run(step.kind, [step.payload])
+        out = session.complete(step, result)
+        if out is not None:
+            audio.append(out)
+    return np.concatenate(audio)
+
+
+def whole_segment(voice: PiperVoice, text: str, seed: int) -> np.ndarray:
+    """The same segment through the three stages in one pass each, with the same noise."""
+    session = voice.open_session(SynthesisOptions(seed=seed))
+    session.add_segment(text)
+    step = session.next_step()
+    (encoded,) = voice.run("encode", [step.payload])
+    feeds = {k: (v[None] if v.ndim == 2 else v) for k, v in encoded.frame_inputs.items() if k in voice.graphs.flow.inputs}
+    (latent,) = voice.flow.run(None, feeds)
+    (audio,) = voice.decoder.run(None, {voice.graphs.latent: latent})
+    return audio.reshape(-1)
+
+
+def test_split_points_come_from_the_graph_structure() -> None:
+    model = onnx.load(str(embedded_voice_path()))
+    graphs = graph.split(model)
+    conv_pre = next(n for n in model.graph.node if graphs.latent in n.input)
+    assert conv_pre.op_type == "Conv"
+    assert graphs.latent in graphs.flow.outputs and graphs.decoder.inputs == [graphs.latent]
+    assert graphs.prior_noise in graphs.flow.inputs and graphs.duration_noise
+    # Context is derived from the convolutions: positive and far below a chunk.
+    assert 0 < graph.context_frames(graphs.decoder) < 32 and 0 < graph.context_frames(graphs.flow) < 64
+
+
+def test_split_graph_equals_the_original(piper_voice: PiperVoice) -> None:
+    """With the noise off, encoder -> flow -> decoder reproduces the unsplit ONNX model."""
+    ids = np.array([piper_voice.phoneme_ids(SENTENCE)], dtype=np.int64)
+    lengths = np.array([ids.shape[1]], dtype=np.int64)
+    scales = np.array([0.0, 1.0, 0.0], dtype=np.float32)
+    original = onnxruntime.InferenceSession(str(embedded_voice_path()), providers=["CPUExecutionProvider"])
+    (reference,) = original.run(None, {"input": ids, "input_lengths": lengths, "scales": scales})
+    g = piper_voice.graphs
+    feeds = {"input": ids, "input_lengths": lengths, "scales": scales,
+             **{name: np.zeros((1, c, ids.shape[1]), np.float32)
+                for name, c in zip(g.duration_noise, piper_voice.duration_noise_channels)}}
+    encoded = dict(zip(g.encoder.outputs, piper_voice.encoder.run(None, feeds)))
+    flow_feeds = {k: v for k, v in encoded.items() if k in g.flow.inputs}
+    flow_feeds[g.prior_noise] = np.zeros_like(encoded[g.prior_mean])
+    (latent,) = piper_voice.flow.run(None, flow_feeds)
+    (audio,) = piper_voice.decoder.run(None, {g.latent: latent})
+    assert audio.size == reference.size
+    assert snr_db(reference.reshape(-1), audio.reshape(-1)) >= 60
+
+
+def test_chunked_decode_equals_whole_decode(piper_voice: PiperVoice) -> None:
+    streamed = run_session(piper_voice, SENTENCE, seed=7)
+    whole = whole_segment(piper_voice, SENTENCE, seed=7)
+    assert len(streamed) == len(whole)
+    snr = snr_db(whole, streamed)
+    print(f"chunked vs whole decode: {snr:.1f} dB")
+    assert snr >= 40
+
+
+def test_chunk_sizes_ramp_up(piper_voice: PiperVoice) -> None:
+    session = piper_voice.open_session(SynthesisOptions(seed=1))
+    session.add_segment(SENTENCE)
+    sizes = []
+    while (step := session.next_step()) is not None:
+        (result,) = piper_voice.run(step.kind, [step.payload])
+        audio = session.complete(step, result)
+        if audio is not None:
+            sizes.append(len(audio) // piper_voice.hop)
+    assert sizes[0] == piper_voice.first_chunk_frames
+    assert max(sizes) <= piper_voice.chunk_frames * 1.5 and sizes[1] > sizes[0]
+
+
+def test_seed_makes_speech_reproducible(piper_voice: PiperVoice) -> None:
+    first = run_session(piper_voice, SENTENCE, seed=3)
+    assert np.array_equal(first, run_session(piper_voice, SENTENCE, seed=3))
+    other = run_session(piper_voice, SENTENCE, seed=4)
+    assert len(other) != len(first) or not np.array_equal(other, first)
+
+
+def test_speed_changes_length(piper_voice: PiperVoice) -> None:
+    normal = len(run_session(piper_voice, SENTENCE, seed=1))
+    fast = len(run_session(piper_voice, SENTENCE, seed=1, speed=2.0))
+    slow = len(run_session(piper_voice, SENTENCE, seed=1, speed=0.5))
+    # Durations are ceil(length * scale) frames, so halving the scale does not quite halve the length.
+    assert 0.45 < fast / normal < 0.75 and 1.6 < slow / normal < 2.3
+
+
+def test_unspeakable_segment_gives_no_audio(piper_voice: PiperVoice) -> None:
+    session = piper_voice.open_session(SynthesisOptions(seed=1))
+    session.add_segment("...")
+    step = session.next_step()
+    (result,) = piper_voice.run(step.kind, [step.payload])
+    assert session.complete(step, result) is None and session.idle and session.segments_done == 1
+
+
+@pytest.mark.parametrize("kind", ["encode", "flow", "decode"])
+def test_batched_steps_equal_single_steps(piper_voice: PiperVoice, kind: str) -> None:
+    """Streams of different lengths in one call give what each gives alone (per-stream seeded noise)."""
+    texts = ["Hello there.", SENTENCE, "A somewhat longer sentence, so the batch needs padding here and there."]
+
+    def first_step(text: str, seed: int):  # type: ignore[no-untyped-def]
+        session = piper_voice.open_session(SynthesisOptions(seed=seed))
+        session.add_segment(text)
+        while True:
+            step = session.next_step()
+            if step.kind == kind:
+                return step
+            (result,) = piper_voice.run(step.kind, [step.payload])
+            session.complete(step, result)
+
+    if kind == "decode":  # decoder batches share a chunk length, as the scheduler's batch key requires
+        steps = [first_step(t, s) for t, s in zip(texts, (1, 2, 3))]
+        steps = [s for s in steps if s.batch_key == steps[1].batch_key]
+        assert len(steps) >= 2
+    else:
+        steps = [first_step(t, s) for t, s in zip(texts, (1, 2, 3))]
+    singles = [piper_voice.run(kind, [s.payload])[0] for s in steps]
+    # Same seeds again: the encoder draws noise from each stream's generator.
+    if kind == "encode":
+        steps = [first_step(t, s) for t, s in zip(texts, (1, 2, 3))]
+    batched = piper_voice.run(kind, [s.payload for s in steps])
+    for single, batch in zip(singles, batched):
+        if kind == "encode":
+            assert single.frames == batch.frames
+            for name, value in single.frame_inputs.items():
+                if value.ndim == 2:
+                    assert snr_db(value, batch.frame_inputs[name]) >= 60, name
+        else:
+            assert single.shape == batch.shape
+            assert snr_db(single, batch) >= 60
