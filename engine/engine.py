@@ -1,0 +1,123 @@
+"""The engine: voices, the scheduler and the runner behind one small API for transports.
+
+Transports call ``open_stream`` (whole text or text to come), read the
+stream's events, and cancel it when their client leaves. Everything else —
+which step runs when, batching, admission — is the scheduler's business.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from engine.audio.resample import SUPPORTED_SAMPLE_RATES
+from engine.errors import InvalidRequest
+from engine.metrics import Metrics
+from engine.models.base import SynthesisOptions, Voice, VoiceInfo
+from engine.runner import ModelRunner
+from engine.scheduler import Limits, Scheduler
+from engine.settings import Settings
+from engine.stream import SpeechStream
+from engine.text import Segmenter, is_speakable
+from engine.voices import VoiceRegistry
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(self, settings: Settings, voices: VoiceRegistry | None = None) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self._voices = voices
+        self.runner = ModelRunner(settings.runner_threads)
+        self.scheduler = Scheduler(
+            self.runner,
+            Limits(
+                max_active_streams=settings.max_active_streams,
+                max_queued_streams=settings.max_queued_streams,
+                max_batch_size=settings.max_batch_size,
+                max_batch_wait_ms=settings.max_batch_wait_ms,
+            ),
+            self.metrics,
+        )
+        self.ready = False
+
+    async def start(self) -> None:
+        """Load and warm the voices (off the event loop), then start scheduling."""
+        loop = asyncio.get_running_loop()
+        if self._voices is None:
+            self._voices = await loop.run_in_executor(None, VoiceRegistry.load, self.settings)
+        if self.settings.warmup:
+            await loop.run_in_executor(None, self._voices.warmup)
+        self.scheduler.start()
+        self.ready = True
+        log.info("engine ready with voices %s", ", ".join(self._voices.ids()))
+
+    async def stop(self) -> None:
+        self.ready = False
+        await self.scheduler.stop()
+        self.runner.close()
+
+    # -- voices -----------------------------------------------------------------------------------
+
+    @property
+    def voices(self) -> VoiceRegistry:
+        if self._voices is None:
+            raise RuntimeError("engine not started")
+        return self._voices
+
+    def voice_infos(self) -> list[VoiceInfo]:
+        return self.voices.infos()
+
+    def resolve_voice(self, name: str | None, param: str = "voice") -> Voice:
+        return self.voices.resolve(name, param)
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def check_text(self, text: str, param: str) -> None:
+        """Raise InvalidRequest for text that is empty, unspeakable or too long."""
+        if not text or not text.strip():
+            raise InvalidRequest(f"'{param}' is empty", code="empty_input", param=param)
+        if len(text) > self.settings.max_text_chars:
+            raise InvalidRequest(
+                f"'{param}' has {len(text)} characters; the limit is {self.settings.max_text_chars}",
+                code="input_too_long", param=param,
+            )
+        if not is_speakable(text):
+            raise InvalidRequest(f"'{param}' has nothing to speak (no letters or digits)", code="empty_input",
+                                 param=param)
+
+    def check_sample_rate(self, sample_rate: int | None, param: str = "sample_rate") -> None:
+        if sample_rate is not None and sample_rate not in SUPPORTED_SAMPLE_RATES:
+            raise InvalidRequest(
+                f"unsupported sample rate {sample_rate}; supported: {', '.join(map(str, SUPPORTED_SAMPLE_RATES))}",
+                code="unsupported_sample_rate", param=param,
+            )
+
+    def open_stream(
+        self,
+        voice: Voice,
+        options: SynthesisOptions = SynthesisOptions(),
+        sample_rate: int | None = None,
+        text: str | None = None,
+    ) -> SpeechStream:
+        """Admit a new stream; with ``text`` its input is complete, without it the caller pushes text.
+
+        Raises InvalidRequest for options the voice cannot honour and Overloaded past the limits.
+        """
+        self.check_sample_rate(sample_rate)
+        try:
+            session = voice.open_session(options)
+        except ValueError as error:
+            raise InvalidRequest(str(error), param="speed") from error
+        segmenter = Segmenter(self.settings.first_segment_max_chars, self.settings.segment_max_chars,
+                              voice.info.language)
+        stream = SpeechStream(
+            voice, session, segmenter, sample_rate or voice.info.sample_rate, self.metrics, self.scheduler.wake,
+            max_buffered_s=self.settings.max_buffered_audio_s,
+        )
+        self.scheduler.admit(stream)
+        if text is not None:
+            stream.push_text(text)
+            stream.close_input()
+        return stream

@@ -1,0 +1,43 @@
+"""Prometheus metrics of one engine, in a registry of its own (no process-global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.35, 0.5, 0.75, 1.0, 2.0, 5.0)
+RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttfa = Histogram(
+            "rtvoice_time_to_first_audio_seconds", "Time from a stream's text to its first audio", ["voice"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.real_time_factor = Histogram(
+            "rtvoice_real_time_factor", "Model compute seconds per second of audio, per finished stream",
+            ["voice"], buckets=RTF_BUCKETS, registry=r,
+        )
+        self.audio_seconds = Counter("rtvoice_audio_seconds", "Seconds of audio produced", ["voice"], registry=r)
+        self.active_streams = Gauge("rtvoice_active_streams", "Streams being synthesised", registry=r)
+        self.queued_streams = Gauge("rtvoice_queued_streams", "Streams waiting for a synthesis slot", registry=r)
+        self.batch_size = Histogram(
+            "rtvoice_batch_size", "Steps per model call", ["kind"], buckets=BATCH_BUCKETS, registry=r
+        )
+        self.step_seconds = Histogram(
+            "rtvoice_model_call_seconds", "Duration of one model call", ["kind"], buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.late_chunks = Counter(
+            "rtvoice_late_chunks", "Chunks produced after a real-time listener would have run out of audio",
+            registry=r,
+        )
+        self.stall_seconds = Counter(
+            "rtvoice_stall_seconds", "Seconds a real-time listener would have waited for late chunks", registry=r
+        )
+        self.streams = Counter("rtvoice_streams", "Streams by outcome", ["outcome"], registry=r)
+        self.rejected = Counter("rtvoice_rejected_streams", "Streams refused at admission", registry=r)
+        self.requests = Counter("rtvoice_requests", "Requests by route and status", ["route", "status"], registry=r)
