@@ -1,0 +1,68 @@
+"""The one error body every route returns: OpenAI's ``{"error": {"message", "type", "code", "param"}}``."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.errors import EngineError, Overloaded
+
+log = logging.getLogger(__name__)
+
+
+def error_body(message: str, type: str = "invalid_request_error", code: str | None = None,
+               param: str | None = None) -> dict[str, dict[str, str | None]]:
+    return {"error": {"message": message, "type": type, "code": code, "param": param}}
+
+
+def error_response(status: int, message: str, type: str = "invalid_request_error", code: str | None = None,
+                   param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, type, code, param), status_code=status, headers=headers)
+
+
+def engine_error_response(error: EngineError) -> JSONResponse:
+    headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, Overloaded) else None
+    return error_response(error.status, error.message, error.type, error.code, error.param, headers)
+
+
+def validation_error_response(error: ValidationError | RequestValidationError) -> JSONResponse:
+    """The first problem pydantic found, named by its field."""
+    first = error.errors()[0]
+    location = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "form")]
+    param = ".".join(location) or None
+    message = first.get("msg", "invalid request")
+    if param:
+        message = f"'{param}': {message}"
+    return error_response(400, message, code="invalid_value", param=param)
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 415: "unsupported_media_type"}
+
+
+def install(app: FastAPI) -> None:
+    """Route every failure through ``error_body``; nothing leaves as a bare 500."""
+
+    @app.exception_handler(EngineError)
+    async def _engine(_: Request, error: EngineError) -> JSONResponse:
+        return engine_error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, error: RequestValidationError) -> JSONResponse:
+        return validation_error_response(error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        type = "invalid_request_error" if error.status_code < 500 else "server_error"
+        code = _HTTP_CODES.get(error.status_code, f"http_{error.status_code}")
+        return error_response(error.status_code, str(error.detail), type, code,
+                              headers=getattr(error, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, error: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error_response(500, "internal error", "server_error", "internal_error")

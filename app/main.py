@@ -1,0 +1,93 @@
+"""The ASGI application: routes, error handling, metrics, and the engine's lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app import cosyvoice_api, errors, openai_speech, ops
+from engine.engine import Engine
+from engine.settings import Settings
+
+log = logging.getLogger(__name__)
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+
+
+class RequestMetrics:
+    """Counts requests by route template and status (unknown paths share one label)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_with_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_status)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", None) or ("static" if status < 400 else "other")
+            scope["app"].state.engine.metrics.requests.labels(path, str(status)).inc()
+
+
+def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
+    settings = settings or Settings()
+    engine = engine or Engine(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Load voices in the background: /healthz answers at once, /readyz once they are warm.
+        loading = asyncio.create_task(engine.start())
+        loading.add_done_callback(lambda task: task.cancelled() or task.exception() and log.error(
+            "engine failed to start", exc_info=task.exception()))
+        try:
+            yield
+        finally:
+            if not loading.done():
+                loading.cancel()
+            await engine.stop()
+
+    app = FastAPI(
+        title="rtvoice",
+        summary="Real-time text-to-speech: streaming HTTP, WebSocket and WebRTC (WHEP) on one scheduler.",
+        lifespan=lifespan,
+    )
+    app.state.engine = engine
+    app.state.settings = settings
+    errors.install(app)
+    app.include_router(ops.router)
+    app.include_router(openai_speech.router)
+    app.include_router(cosyvoice_api.router)
+    app.add_middleware(RequestMetrics)
+    app.add_middleware(
+        CORSMiddleware, allow_origins=settings.cors_allow_origins, allow_methods=["*"], allow_headers=["*"],
+        expose_headers=["Location", "ETag", "Link", "X-Sample-Rate", "X-Voice", "Retry-After"],
+    )
+    if WEB_DIR.is_dir():
+        # The page at "/" and its files under /web; no catch-all mount, so unknown
+        # routes and wrong methods still get their 404 and 405.
+        @app.get("/", include_in_schema=False)
+        async def index() -> FileResponse:
+            return FileResponse(WEB_DIR / "index.html")
+
+        app.mount("/web", StaticFiles(directory=WEB_DIR), name="web")
+    return app

@@ -1,0 +1,100 @@
+"""OpenAI's speech API: ``POST /v1/audio/speech`` and a voice list."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from app.errors import error_response, validation_error_response
+from app.state import engine_of
+from app.streaming import audio_body, sse_body
+from engine.audio.encoding import FORMATS, create_encoder
+from engine.models.base import SynthesisOptions
+from engine.stream import SpeechStream
+
+router = APIRouter(tags=["OpenAI"])
+
+OPENAI_SAMPLE_RATE = 24_000
+"""OpenAI's API speaks at 24 kHz in every format; ``pcm`` is 24 kHz s16le."""
+
+
+class SpeechRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1, description="Accepted for compatibility; the voice decides the model.")
+    input: str = Field(description="The text to speak.")
+    voice: str = Field(description="A voice id from /v1/audio/voices, or an OpenAI voice name (alloy, echo, ...).")
+    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+    instructions: str | None = Field(None, description="Accepted; the embedded voice ignores it.")
+    stream_format: Literal["audio", "sse"] = "audio"
+    seed: int | None = Field(None, description="rtvoice extension: makes the voice's random draws reproducible.")
+
+    @field_validator("voice", mode="before")
+    @classmethod
+    def _voice_object(cls, value: Any) -> Any:
+        # Newer clients may send a custom voice as {"id": "..."}.
+        if isinstance(value, dict) and "id" in value:
+            return value["id"]
+        return value
+
+
+def _usage(text: str) -> Any:
+    def usage(stream: SpeechStream) -> dict[str, int]:
+        # No tokenizer sits in front of the voice: count ~4 characters a text
+        # token and 20 ms of audio an audio token.
+        input_tokens = math.ceil(len(text) / 4)
+        output_tokens = math.ceil(stream.emitted_s * 50)
+        return {"input_tokens": input_tokens, "output_tokens": output_tokens,
+                "total_tokens": input_tokens + output_tokens}
+    return usage
+
+
+@router.post(
+    "/v1/audio/speech",
+    response_class=StreamingResponse,
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": SpeechRequest.model_json_schema()}}}},
+    responses={200: {"content": {fmt.content_type: {} for fmt in FORMATS.values()}}},
+)
+async def create_speech(request: Request) -> Response:
+    """Speak ``input``; the audio streams as it is made (``stream_format=sse`` for JSON events)."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        return error_response(400, f"request body is not valid JSON: {error}", code="invalid_json")
+    if not isinstance(body, dict):
+        return error_response(400, "request body must be a JSON object", code="invalid_json")
+    try:
+        speech = SpeechRequest.model_validate(body)
+    except ValidationError as error:
+        return validation_error_response(error)
+    engine = engine_of(request)
+    engine.check_text(speech.input, "input")
+    voice = engine.resolve_voice(speech.voice)
+    stream = engine.open_stream(
+        voice, SynthesisOptions(speed=speech.speed, seed=speech.seed, instructions=speech.instructions), OPENAI_SAMPLE_RATE,
+        text=speech.input,
+    )
+    encoder = create_encoder(speech.response_format, OPENAI_SAMPLE_RATE)
+    headers = {"X-Sample-Rate": str(OPENAI_SAMPLE_RATE), "X-Voice": voice.info.id}
+    if speech.stream_format == "sse":
+        return StreamingResponse(sse_body(stream, encoder, _usage(speech.input)), media_type="text/event-stream",
+                                 headers={**headers, "Cache-Control": "no-cache"})
+    return StreamingResponse(audio_body(stream, encoder), media_type=encoder.content_type, headers=headers)
+
+
+@router.get("/v1/audio/voices")
+async def list_voices(request: Request) -> JSONResponse:
+    """Voices by id, and the OpenAI names that map onto them."""
+    engine = engine_of(request)
+    return JSONResponse({
+        "voices": [info.__dict__ for info in engine.voice_infos()],
+        "aliases": engine.voices.aliases,
+    })

@@ -1,0 +1,21 @@
+"""Where a request finds the engine: on the application, set up by the lifespan."""
+
+from __future__ import annotations
+
+from fastapi import Request
+from starlette.requests import HTTPConnection
+
+from engine.engine import Engine
+from engine.errors import EngineError
+
+
+class NotReady(EngineError):
+    status = 503
+    type = "server_error"
+
+
+def engine_of(connection: Request | HTTPConnection) -> Engine:
+    engine: Engine = connection.app.state.engine
+    if not engine.ready:
+        raise NotReady("the server is still loading its voices", code="not_ready")
+    return engine

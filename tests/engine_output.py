@@ -1,0 +1,31 @@
+"""What the engine makes of a request in-process, to compare a transport's bytes against."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from engine.engine import Engine
+from engine.models.base import SynthesisOptions
+from engine.settings import Settings
+
+_engine: Engine | None = None
+
+
+def synthesize(text: str, seed: int, sample_rate: int | None = None, voice: str | None = None,
+               speed: float = 1.0) -> np.ndarray:
+    """int16 samples of ``text`` as the default engine streams them."""
+
+    async def run() -> np.ndarray:
+        engine = Engine(Settings(warmup=False))
+        await engine.start()
+        try:
+            stream = engine.open_stream(engine.resolve_voice(voice), SynthesisOptions(speed=speed, seed=seed),
+                                        sample_rate, text=text)
+            chunks = [pcm async for pcm in stream.audio()]
+        finally:
+            await engine.stop()
+        return np.concatenate(chunks)
+
+    return asyncio.run(run())

@@ -1,0 +1,150 @@
+"""OpenAI's speech API over real HTTP: every response format, SSE events, bad input, voices, docs."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.audio import decode, parse_wav
+from tests.conftest import Server
+from tests.engine_output import synthesize
+
+TEXT = "Streaming speech for voice agents, one sentence at a time."
+
+
+def speech(server: Server, **body: object) -> httpx.Response:
+    payload = {"model": "tts-1", "input": TEXT, "voice": "alloy", **body}
+    return httpx.post(f"{server.url}/v1/audio/speech", json=payload, timeout=60)
+
+
+def test_pcm_is_24khz_s16le_and_matches_the_engine(server: Server) -> None:
+    response = speech(server, response_format="pcm", seed=21)
+    assert response.status_code == 200 and response.headers["x-sample-rate"] == "24000"
+    samples = np.frombuffer(response.content, dtype="<i2")
+    assert np.array_equal(samples, synthesize(TEXT, seed=21, sample_rate=24000))
+
+
+@pytest.mark.parametrize("fmt,content_type", [
+    ("mp3", "audio/mpeg"), ("opus", "audio/ogg; codecs=opus"), ("aac", "audio/aac"), ("flac", "audio/flac"),
+    ("wav", "audio/wav"),
+])
+def test_each_format_decodes_to_the_right_length(server: Server, fmt: str, content_type: str) -> None:
+    expected_s = len(np.frombuffer(speech(server, response_format="pcm", seed=4).content, dtype="<i2")) / 24000
+    response = speech(server, response_format=fmt, seed=4)
+    assert response.status_code == 200 and response.headers["content-type"] == content_type
+    audio, rate = decode(response.content)
+    # Lossy codecs add priming and padding of a frame or two.
+    assert abs(len(audio) / rate - expected_s) < 0.08, (fmt, len(audio) / rate, expected_s)
+    assert np.sqrt(np.mean(audio**2)) > 0.01
+    if fmt == "wav":
+        header, samples = parse_wav(response.content)
+        assert header["sample_rate"] == 24000 and len(samples) / 24000 == expected_s
+
+
+def test_default_format_is_mp3(server: Server) -> None:
+    response = speech(server)
+    assert response.headers["content-type"] == "audio/mpeg"
+    assert decode(response.content)[1] == 24000
+
+
+def test_sse_event_shapes(server: Server) -> None:
+    response = speech(server, response_format="pcm", stream_format="sse", seed=8)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    blocks = [b for b in response.text.split("\n\n") if b.strip()]
+    events = []
+    for block in blocks:
+        lines = block.split("\n")
+        assert all(line.startswith("data: ") for line in lines), block
+        events.append(json.loads("".join(line[len("data: "):] for line in lines)))
+    deltas, done = events[:-1], events[-1]
+    assert deltas and all(e["type"] == "speech.audio.delta" and set(e) == {"type", "audio"} for e in deltas)
+    assert done["type"] == "speech.audio.done"
+    usage = done["usage"]
+    assert set(usage) == {"input_tokens", "output_tokens", "total_tokens"}
+    assert all(isinstance(v, int) and v > 0 for v in usage.values())
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    audio = b"".join(base64.b64decode(e["audio"]) for e in deltas)
+    assert np.array_equal(np.frombuffer(audio, dtype="<i2"), synthesize(TEXT, seed=8, sample_rate=24000))
+
+
+def test_extra_fields_and_instructions_are_accepted(server: Server) -> None:
+    response = speech(server, response_format="pcm", instructions="Speak warmly.", temperature=0.3,
+                      something_new={"a": 1})
+    assert response.status_code == 200 and len(response.content) > 24000
+
+
+def test_voice_ids_and_openai_names(server: Server) -> None:
+    by_id = speech(server, voice="en_US-joe-medium", response_format="pcm", seed=1)
+    by_name = speech(server, voice="nova", response_format="pcm", seed=1)
+    by_object = speech(server, voice={"id": "echo"}, response_format="pcm", seed=1)
+    assert by_id.status_code == by_name.status_code == by_object.status_code == 200
+    assert by_id.content == by_name.content == by_object.content
+
+
+def test_speed(server: Server) -> None:
+    normal = len(speech(server, response_format="pcm", seed=2).content)
+    fast = len(speech(server, response_format="pcm", seed=2, speed=2.0).content)
+    assert fast < 0.8 * normal
+
+
+BAD_BODIES = [
+    ({"input": ""}, "input"),
+    ({"input": "   "}, "input"),
+    ({"input": "x" * 4097}, "input"),
+    ({"voice": "bob"}, "voice"),
+    ({"response_format": "ogg"}, "response_format"),
+    ({"speed": 0.1}, "speed"),
+    ({"speed": 4.5}, "speed"),
+    ({"stream_format": "chunks"}, "stream_format"),
+    ({"input": 42}, "input"),
+]
+
+
+@pytest.mark.parametrize("change,param", BAD_BODIES)
+def test_bad_input(server: Server, change: dict[str, object], param: str) -> None:
+    response = speech(server, **change)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"] and error["type"] == "invalid_request_error"
+    if param == "voice":
+        assert "en_US-joe-medium" in error["message"] and "alloy" in error["message"]
+
+
+@pytest.mark.parametrize("missing", ["model", "input", "voice"])
+def test_required_fields(server: Server, missing: str) -> None:
+    payload = {"model": "tts-1", "input": TEXT, "voice": "alloy"}
+    del payload[missing]
+    response = httpx.post(f"{server.url}/v1/audio/speech", json=payload, timeout=10)
+    assert response.status_code == 400 and response.json()["error"]["param"] == missing
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b"", "\u00ff".encode("latin-1")])
+def test_malformed_json(server: Server, content: bytes) -> None:
+    response = httpx.post(f"{server.url}/v1/audio/speech", content=content,
+                          headers={"content-type": "application/json"}, timeout=10)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+
+
+def test_voice_lists(server: Server) -> None:
+    voices = httpx.get(f"{server.url}/voices").json()
+    joe = next(v for v in voices if v["id"] == "en_US-joe-medium")
+    assert joe["sample_rate"] == 22050 and joe["language"] == "en_US" and joe["model"] == "piper"
+    listing = httpx.get(f"{server.url}/v1/audio/voices").json()
+    assert [v["id"] for v in listing["voices"]] == [v["id"] for v in voices]
+    assert listing["aliases"]["alloy"] == "en_US-joe-medium"
+
+
+def test_health_docs_and_unknown_routes(server: Server) -> None:
+    assert httpx.get(f"{server.url}/healthz").json() == {"status": "ok"}
+    assert httpx.get(f"{server.url}/readyz").json()["status"] == "ready"
+    assert httpx.get(f"{server.url}/docs").status_code == 200
+    paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    assert {"/v1/audio/speech", "/inference_sft", "/voices", "/metrics"} <= set(paths)
+    missing = httpx.get(f"{server.url}/no/such/route")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    wrong_method = httpx.get(f"{server.url}/v1/audio/speech")
+    assert wrong_method.status_code == 405 and "error" in wrong_method.json()
