@@ -37,6 +37,7 @@ class Engine:
                 max_queued_streams=settings.max_queued_streams,
                 max_batch_size=settings.max_batch_size,
                 max_batch_wait_ms=settings.max_batch_wait_ms,
+                urgent_margin_ms=settings.urgent_margin_ms,
             ),
             self.metrics,
         )

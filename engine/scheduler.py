@@ -4,7 +4,9 @@ It owns the active and waiting streams and decides, each time a runner slot
 is free, which model step runs next and which other streams' steps share the
 call:
 
-1. streams that owe their first audio go first, oldest first (time to first audio);
+1. streams that owe their first audio go first, oldest first (time to first
+   audio) — except streams whose listener is about to run out of audio
+   (within ``urgent_margin_ms``), which go before them: a gap is audible;
 2. then the stream whose listener runs out of audio soonest (its playback deadline);
 3. the head step's batch takes other ready steps with the same batch key, most
    urgent first, up to ``max_batch_size``, the voice's limit for that kind of
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -36,6 +39,7 @@ class Limits:
     max_queued_streams: int = 64
     max_batch_size: int = 8
     max_batch_wait_ms: float = 0.0
+    urgent_margin_ms: float = 100.0
 
 
 @dataclass(frozen=True)
@@ -140,12 +144,14 @@ class Scheduler:
     def pick_batch(self) -> list[tuple[SpeechStream, Step]]:
         """The next call to make: the most urgent ready step and the steps that can share its call."""
         ready: list[tuple[tuple[int, float], SpeechStream, Step]] = []
+        now = time.monotonic()
+        margin = self.limits.urgent_margin_ms / 1000
         for stream in self.active:
             if stream.in_flight or stream.closed or stream.throttled:
                 continue
             step = stream.session.next_step()
             if step is not None:
-                ready.append((stream.priority(), stream, step))
+                ready.append((stream.priority(now, margin), stream, step))
         if not ready:
             return []
         ready.sort(key=lambda item: item[0])

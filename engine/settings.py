@@ -48,9 +48,9 @@ class Settings(BaseSettings):
     # Streaming
     first_chunk_ms: int = 120
     """Audio in a stream's first chunk: small, so the first bytes leave early."""
-    chunk_ms: int = 750
+    chunk_ms: int = 1000
     """Audio in each later chunk: larger, so the per-call overhead is paid rarely."""
-    flow_chunk_ms: int = 1500
+    flow_chunk_ms: int = 3000
     """Audio covered by each run of the flow (its context is paid once per run)."""
     crossfade_ms: float = 12.0
     """Overlap between neighbouring chunks, joined with a Hamming cross-fade."""
@@ -62,6 +62,8 @@ class Settings(BaseSettings):
     # Scheduling and threads
     max_batch_size: int = 8
     max_batch_wait_ms: float = 0.0
+    urgent_margin_ms: float = 100.0
+    """A stream whose listener runs out of audio within this margin goes before streams owing first audio."""
     runner_threads: int = 2
     """Model calls that run at once."""
     intra_op_threads: int = 1

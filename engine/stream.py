@@ -183,11 +183,18 @@ class SpeechStream:
     def finished(self) -> bool:
         return self.input_closed and self.session.idle and not self.in_flight
 
-    def priority(self) -> tuple[int, float]:
-        """Lower runs first: streams owing first audio by arrival, then the others by deadline."""
+    def priority(self, now: float, urgent_margin_s: float) -> tuple[int, float]:
+        """Lower runs first.
+
+        0. streams whose listener runs out of audio within the margin, by deadline (a gap is audible);
+        1. streams owing their first audio, by arrival (time to first audio);
+        2. the others, by deadline.
+        """
         if self.runs_out_at is None:
-            return (0, self.waiting_since if self.waiting_since is not None else self.created_at)
-        return (1, self.runs_out_at)
+            return (1, self.waiting_since if self.waiting_since is not None else self.created_at)
+        if self.runs_out_at - now < urgent_margin_s:
+            return (0, self.runs_out_at)
+        return (2, self.runs_out_at)
 
     def deliver(self, step: Step, result: object, compute_s: float) -> None:
         """Apply a finished model step; queue the audio it released."""

@@ -32,8 +32,8 @@ class ChunkPlan:
     """Chunk sizes in milliseconds of audio; the voice converts them to frames."""
 
     first_chunk_ms: int = 120
-    chunk_ms: int = 750
-    flow_chunk_ms: int = 1500
+    chunk_ms: int = 1000
+    flow_chunk_ms: int = 3000
     crossfade_ms: float = 12.0
 
 
@@ -261,11 +261,14 @@ class PiperSession(VoiceSession):
         # chunk again (time to first audio); queued ones go straight to full chunks.
         self.pending.append(_Segment(text=text, ramp=self.idle))
 
-    def _chunk_end(self, segment: _Segment) -> int:
+    def _chunk_size(self, segment: _Segment) -> int:
         v = self.voice
-        size = v.chunk_frames
-        if segment.ramp:
-            size = min(v.chunk_frames, v.first_chunk_frames << segment.chunks)
+        if not segment.ramp:
+            return v.chunk_frames
+        return min(v.chunk_frames, v.first_chunk_frames << segment.chunks)
+
+    def _chunk_end(self, segment: _Segment) -> int:
+        size = self._chunk_size(segment)
         end = segment.decoded + size
         # Fold a short remainder into this chunk rather than paying a call for it.
         if segment.frames - end < size // 2:
@@ -286,7 +289,9 @@ class PiperSession(VoiceSession):
                 noise_scale=v.config.noise_scale,
                 noise_w=v.config.noise_w_scale,
             )
-            return Step("encode", ("encode", v.info.id, self.length_scale), job, self)
+            # Batch keys carry a size bucket: padding a short step to a long one's length would slow the short one.
+            size_bucket = len(job.text) // 64
+            return Step("encode", ("encode", v.info.id, self.length_scale, size_bucket), job, self)
         segment = self.current
         end = self._chunk_end(segment)
         needed = min(segment.frames, end + v.overlap_frames + v.decoder_context)
@@ -294,16 +299,21 @@ class PiperSession(VoiceSession):
             start = max(0, segment.decoded - v.decoder_context)
             latent = segment.latent[:, start:needed]  # type: ignore[index]
             return Step("decode", ("decode", v.info.id, latent.shape[-1]), DecodeJob(latent, start, end), self)
-        # A ramping segment's first window covers just its first chunk (time to first audio).
-        window = 0 if segment.ramp and segment.flowed == 0 else v.flow_chunk_frames
-        window_end = min(segment.frames, max(needed, segment.flowed + window))
+        # While chunks still ramp up, each window covers just the next chunk, so
+        # the early chunks (due soonest) wait for nothing else; later windows are
+        # large, so the flow's context is paid rarely. A short remainder joins the window.
+        window = 0 if self._chunk_size(segment) < v.chunk_frames else v.flow_chunk_frames
+        window_end = max(needed, segment.flowed + window)
+        if segment.frames - window_end < window // 2:
+            window_end = segment.frames
+        window_end = min(segment.frames, window_end)
         lo = max(0, segment.flowed - v.flow_context)
         hi = min(segment.frames, window_end + v.flow_context)
         inputs = {
             name: (value[:, lo:hi] if value.ndim == 2 else value) for name, value in segment.frame_inputs.items()
         }
         job = FlowJob(inputs=inputs, keep_from=segment.flowed - lo, keep_frames=window_end - segment.flowed)
-        return Step("flow", ("flow", v.info.id), job, self)
+        return Step("flow", ("flow", v.info.id, (hi - lo) // 32), job, self)
 
     def complete(self, step: Step, result: Any) -> np.ndarray | None:
         if step.kind == "encode":
