@@ -14,7 +14,8 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import cosyvoice_api, errors, openai_speech, ops
+from app import cosyvoice_api, errors, openai_speech, ops, websocket_api
+from app import whep
 from engine.engine import Engine
 from engine.settings import Settings
 
@@ -64,6 +65,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         finally:
             if not loading.done():
                 loading.cancel()
+            await whep.shutdown(app)  # WHEP: close every session before the engine goes
             await engine.stop()
 
     app = FastAPI(
@@ -77,11 +79,13 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.include_router(ops.router)
     app.include_router(openai_speech.router)
     app.include_router(cosyvoice_api.router)
+    app.include_router(websocket_api.router)
     app.add_middleware(RequestMetrics)
     app.add_middleware(
         CORSMiddleware, allow_origins=settings.cors_allow_origins, allow_methods=["*"], allow_headers=["*"],
         expose_headers=["Location", "ETag", "Link", "X-Sample-Rate", "X-Voice", "Retry-After"],
     )
+    whep.install(app)  # WHEP routes and endpoint; after CORS, so its preflight headers wrap CORS's answer
     if WEB_DIR.is_dir():
         # The page at "/" and its files under /web; no catch-all mount, so unknown
         # routes and wrong methods still get their 404 and 405.

@@ -68,3 +68,19 @@ class Settings(BaseSettings):
     """Model calls that run at once."""
     intra_op_threads: int = 1
     """onnxruntime threads inside one model call."""
+
+    # --- WHEP (WebRTC playback; app/whep) -------------------------------------------------------
+    whep_ice_servers: list[dict[str, str | bool | list[str]]] = Field(default_factory=list)
+    """STUN/TURN servers as JSON: ``[{"urls": ..., "username": ..., "credential": ..., "client_only": ...}]``.
+
+    Each is offered to players in a ``Link: rel="ice-server"`` header and, unless ``client_only``, used by
+    the server's own ICE gathering. Empty (the default): host candidates only, no public STUN lookup.
+    """
+    whep_max_sessions: int = 32
+    """WHEP sessions at once; past this, ``POST /whep`` answers 503 with Retry-After."""
+    whep_idle_timeout_s: float = 30.0
+    """A session with no media flowing and no text (DataChannel, /speak, PATCH) for this long is closed."""
+    whep_token: str = ""
+    """Bearer token required on every WHEP request (``Authorization: Bearer ...``); empty means none."""
+    whep_max_pending_requests: int = 8
+    """Utterances one session may have playing or queued; past this a request is refused (queue_full)."""

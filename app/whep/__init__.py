@@ -1,0 +1,33 @@
+"""WebRTC playback of speech over WHEP (draft-ietf-wish-whep), on aiortc.
+
+A player POSTs an SDP offer to ``/whep`` and gets one Opus audio track back; it
+sends text on a DataChannel (or to ``/whep/{id}/speak``) and hears it spoken.
+``install`` wires the endpoint into the application; ``shutdown`` closes every
+session when the application stops.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from app.whep.cors import WhepPreflight
+from app.whep.endpoint import WhepEndpoint
+from app.whep.router import router
+
+__all__ = ["install", "shutdown", "router", "WhepEndpoint"]
+
+
+def install(app: FastAPI) -> None:
+    """The WHEP routes, their endpoint (on ``app.state.whep``) and the preflight headers.
+
+    Call it after the CORS middleware is added, so the preflight wrapper sits outside it.
+    """
+    app.state.whep = WhepEndpoint(app.state.settings, app.state.engine)
+    app.include_router(router)
+    app.add_middleware(WhepPreflight)
+
+
+async def shutdown(app: FastAPI) -> None:
+    endpoint: WhepEndpoint | None = getattr(app.state, "whep", None)
+    if endpoint is not None:
+        await endpoint.close_all()

@@ -1,0 +1,220 @@
+"""The session's audio track: 20 ms Opus packets at 48 kHz, paced to the wall clock, silence when nothing is said.
+
+aiortc's RTP sender pulls ``recv()`` in a loop. Each call waits until its frame
+is due, like aiortc's own ``AudioStreamTrack``, then returns the next queued
+speech frame, or silence. Marks queued between frames run when playback reaches
+them: that is how the speaker learns when an utterance's first and last frames
+actually leave.
+
+The track encodes Opus itself (mono, one packet per 20 ms frame) and hands the
+sender packets, which it only packetises. Silence settles to one identical
+packet a few frames after speech ends, so from then on that packet is reused
+instead of encoding: a listening session between utterances costs no codec
+work, and none of the per-frame thread hop and level metering aiortc spends on
+raw frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from av import AudioFrame, CodecContext, Packet
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 48_000
+FRAME_SAMPLES = 960
+"""20 ms at 48 kHz: one Opus frame, one RTP packet."""
+FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
+TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
+OPUS_BITRATE = 40_000
+"""Mono speech; fullband at this rate is transparent for a TTS voice."""
+SETTLE_FRAMES = 4
+"""Silent frames encoded after speech before the encoder's output is the steady silence packet."""
+LATE_S = 0.06
+"""A frame pulled this long after it was due counts as late."""
+RESYNC_S = 0.2
+"""Further behind than this, the clock restarts instead of bursting to catch up."""
+
+
+class Mark:
+    """A callback that runs when playback reaches its place between frames."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+
+
+class OpusFrameEncoder:
+    """int16 mono 20 ms frames to Opus packets; silence after a settled stretch costs a cached packet."""
+
+    def __init__(self) -> None:
+        self._codec = CodecContext.create("libopus", "w")
+        self._codec.bit_rate = OPUS_BITRATE
+        self._codec.format = "s16"
+        self._codec.layout = "mono"
+        self._codec.sample_rate = SAMPLE_RATE
+        self._codec.time_base = TIME_BASE
+        self._codec.options = {"application": "voip"}
+        self.encoded = 0
+        self._silent_run = SETTLE_FRAMES  # a fresh encoder reaches the steady packet as fast as after speech
+        self._silence = self._steady_silence()
+
+    @staticmethod
+    def _frame(pcm: np.ndarray) -> AudioFrame:
+        frame = AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = SAMPLE_RATE
+        frame.time_base = TIME_BASE
+        return frame
+
+    def _encode(self, pcm: np.ndarray) -> bytes:
+        self.encoded += 1
+        packets = self._codec.encode(self._frame(pcm))
+        return b"".join(bytes(p) for p in packets)
+
+    def _steady_silence(self) -> bytes:
+        zeros = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        packet = b""
+        for _ in range(SETTLE_FRAMES + 2):
+            packet = self._encode(zeros)
+        return packet
+
+    def encode(self, pcm: np.ndarray | None) -> bytes:
+        """One frame's packet; None is a frame of silence."""
+        if pcm is not None:
+            self._silent_run = 0
+            return self._encode(pcm)
+        if self._silent_run >= SETTLE_FRAMES:
+            return self._silence
+        self._silent_run += 1
+        return self._encode(np.zeros(FRAME_SAMPLES, dtype=np.int16))
+
+
+class SpeechTrack(MediaStreamTrack):
+    kind = "audio"
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._clock = clock
+        self._items: deque[np.ndarray | Mark] = deque()
+        self._queued_frames = 0
+        self._space = asyncio.Event()
+        self._space.set()
+        self._low_water = 0
+        self._start: float | None = None
+        self._timestamp = 0
+        self._encoder = OpusFrameEncoder()
+        self.frames_sent = 0
+        self.speech_frames_sent = 0
+        self.late_frames = 0
+        self.underrun_frames = 0
+        self.last_pull: float | None = None
+        self.expecting = False
+        """Set by the speaker while an utterance is under way: an empty queue then is an underrun."""
+        self.on_late: Callable[[int], None] | None = None
+        self.on_underrun: Callable[[], None] | None = None
+
+    # -- producer side ----------------------------------------------------------------------------
+
+    @property
+    def queued_s(self) -> float:
+        """Speech queued and not yet sent."""
+        return self._queued_frames * FRAME_S
+
+    def push(self, frame: np.ndarray) -> None:
+        """Queue one frame of FRAME_SAMPLES int16 samples."""
+        if len(frame) != FRAME_SAMPLES:
+            raise ValueError(f"a frame holds {FRAME_SAMPLES} samples, not {len(frame)}")
+        self._items.append(frame)
+        self._queued_frames += 1
+
+    def mark(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` when the frames queued so far have been sent."""
+        self._items.append(Mark(callback))
+
+    def clear(self) -> None:
+        """Drop every queued frame and mark: what follows is silence, from the next frame on."""
+        self._items.clear()
+        self._queued_frames = 0
+        self._space.set()
+
+    async def wait_for_space(self, max_queued_s: float) -> None:
+        """Backpressure: return once no more than ``max_queued_s`` of speech waits to be sent."""
+        limit = max(1, round(max_queued_s / FRAME_S))
+        while self._queued_frames > limit:
+            self._low_water = limit
+            self._space.clear()
+            await self._space.wait()
+
+    # -- consumer side (aiortc's RTP sender) -------------------------------------------------------
+
+    def _run_marks(self) -> None:
+        while self._items and isinstance(self._items[0], Mark):
+            mark = self._items.popleft()
+            try:
+                mark.callback()  # type: ignore[union-attr]
+            except Exception:  # a failing listener must not stop the media
+                log.exception("track mark failed")
+
+    def _next_pcm(self) -> np.ndarray | None:
+        self._run_marks()
+        if not self._items:
+            return None
+        frame = self._items.popleft()
+        self._queued_frames -= 1
+        if self._queued_frames <= self._low_water:
+            self._space.set()
+        self._run_marks()  # an utterance's end mark runs as its last frame leaves
+        return frame  # type: ignore[return-value]
+
+    async def _wait_until_due(self) -> None:
+        now = self._clock()
+        if self._start is None:
+            self._start = now
+            self._timestamp = 0
+            return
+        self._timestamp += FRAME_SAMPLES
+        due = self._start + self._timestamp / SAMPLE_RATE
+        if due > now:
+            await asyncio.sleep(due - now)
+            return
+        if now - due > LATE_S:
+            self.late_frames += 1
+            if self.on_late:
+                self.on_late(1)
+        if now - due > RESYNC_S:  # far behind (a stalled loop): restart the clock rather than burst
+            self._start = now - self._timestamp / SAMPLE_RATE
+
+    async def recv(self) -> Packet:
+        if self.readyState != "live":
+            raise MediaStreamError
+        await self._wait_until_due()
+        if self.readyState != "live":
+            raise MediaStreamError
+        self.last_pull = self._clock()
+        pcm = self._next_pcm()
+        if pcm is None:
+            if self.expecting:
+                self.underrun_frames += 1
+                if self.on_underrun:
+                    self.on_underrun()
+        else:
+            self.speech_frames_sent += 1
+        packet = Packet(self._encoder.encode(pcm))
+        packet.pts = self._timestamp
+        packet.time_base = TIME_BASE
+        self.frames_sent += 1
+        return packet
+
+    def stop(self) -> None:
+        self.clear()
+        self.expecting = False
+        super().stop()

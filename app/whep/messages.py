@@ -1,0 +1,101 @@
+"""The text side of a WHEP session: JSON messages on a DataChannel, and the body of ``POST .../speak``.
+
+Client to server::
+
+    {"type": "tts_request", "text": "...", "speaker_id": "en_US-joe-medium", "request_id": "r1", "speed": 1.0}
+    {"type": "cancel"}
+
+``speaker_id`` may also be spelled ``voice``; it, ``request_id`` and ``speed`` are optional.
+Server to client: ``accepted``, ``audio_start``, ``done``, ``cancelled`` and ``error`` events (see
+``events``), each a JSON object with a ``type``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class MessageError(Exception):
+    """A message the server will not act on; sent back as an ``error`` event."""
+
+    def __init__(self, message: str, code: str = "invalid_message", param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.param = param
+
+
+class SpeakRequest(BaseModel):
+    """One utterance: the DataChannel's ``tts_request`` and the JSON body of ``POST /whep/{id}/speak``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    text: str = Field(description="The text to speak.")
+    voice: str | None = Field(None, description="A voice id; the session's voice when omitted.")
+    request_id: str | None = Field(None, min_length=1, max_length=128,
+                                   description="The client's id for this utterance; the server makes one when omitted.")
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+
+    voice_param: str = Field("voice", exclude=True)
+    """Which field named the voice (``speaker_id`` or ``voice``), for error messages."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _speaker_id(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("voice") is None and data.get("speaker_id") is not None:
+            data = {**data, "voice": data["speaker_id"], "voice_param": "speaker_id"}
+        return data
+
+
+@dataclass(frozen=True)
+class Cancel:
+    pass
+
+
+def _first_error(error: ValidationError) -> MessageError:
+    first = error.errors()[0]
+    param = ".".join(str(part) for part in first.get("loc", ())) or None
+    message = first.get("msg", "invalid message")
+    return MessageError(f"'{param}': {message}" if param else message, code="invalid_value", param=param)
+
+
+def parse_speak(body: Any) -> SpeakRequest:
+    if not isinstance(body, dict):
+        raise MessageError("the request must be a JSON object", code="invalid_json")
+    body = {k: v for k, v in body.items() if k != "voice_param"}
+    try:
+        return SpeakRequest.model_validate(body)
+    except ValidationError as error:
+        raise _first_error(error) from error
+
+
+def parse_message(data: str | bytes) -> SpeakRequest | Cancel:
+    """A DataChannel message: a ``tts_request`` or a ``cancel``; raises MessageError for anything else."""
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise MessageError("messages are UTF-8 JSON text", code="invalid_json") from error
+    try:
+        message = json.loads(data)
+    except json.JSONDecodeError as error:
+        raise MessageError(f"the message is not valid JSON: {error}", code="invalid_json") from error
+    if not isinstance(message, dict):
+        raise MessageError("a message must be a JSON object with a 'type'", code="invalid_message")
+    kind = message.get("type")
+    if kind == "tts_request":
+        return parse_speak(message)
+    if kind == "cancel":
+        return Cancel()
+    raise MessageError(f"unknown message type {kind!r}; expected 'tts_request' or 'cancel'",
+                       code="unknown_type", param="type")
+
+
+def event(kind: str, **fields: Any) -> str:
+    """One server event as JSON text (fields that are None are left out)."""
+    return json.dumps({"type": kind, **{k: v for k, v in fields.items() if v is not None}},
+                      separators=(",", ":"))

@@ -1,0 +1,224 @@
+"""A WHEP session resource: one player's peer connection, its speech track, DataChannels and speaker.
+
+Created by ``POST /whep`` from the player's offer; changed by ``PATCH`` (trickle
+ICE); ended by ``DELETE``, by the peer connection failing or closing, or by the
+endpoint's idle sweep. ``close`` is idempotent and frees everything the session
+holds: engine streams, its tasks, the track and the peer connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from typing import TYPE_CHECKING
+
+from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc.rtcdatachannel import RTCDataChannel
+
+from engine.errors import EngineError
+from engine.models.base import Voice
+
+from app.whep.ice import rtc_configuration
+from app.whep.mediastreams import SpeechTrack
+from app.whep.messages import Cancel, MessageError, SpeakRequest, event, parse_message
+from app.whep.sdp import IceFragment, Offer, SdpError, with_rtcp_mux_only
+from app.whep.speaker import Speaker, Utterance
+
+if TYPE_CHECKING:
+    from app.whep.endpoint import WhepEndpoint
+
+log = logging.getLogger(__name__)
+
+
+class IceRestartUnsupported(Exception):
+    """The fragment carries new ICE credentials: an ICE restart, which aiortc cannot do."""
+
+
+class WhepResource:
+    def __init__(self, endpoint: WhepEndpoint, voice: Voice) -> None:
+        self.endpoint = endpoint
+        self.id = secrets.token_hex(12)
+        self.etag = f'"{secrets.token_hex(8)}"'
+        """A strong entity-tag for the ICE session; it never changes, as ICE restarts are refused."""
+        self.voice = voice
+        self.created_at = time.monotonic()
+        self.last_activity = self.created_at
+        self.closed = False
+        self.close_reason: str | None = None
+        self.pc = RTCPeerConnection(rtc_configuration(endpoint.ice_servers))
+        self.track = SpeechTrack()
+        self.track.on_late = endpoint.count_late_frames
+        self.track.on_underrun = endpoint.count_underrun
+        self.speaker = Speaker(endpoint.engine, self.track, voice, self._emit, endpoint.max_pending,
+                               self._spawn, endpoint.count_utterance)
+        self.channels: list[RTCDataChannel] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._offer: Offer | None = None
+        self._closing: asyncio.Task[None] | None = None
+
+    # -- offer / answer -----------------------------------------------------------------------------
+
+    async def answer(self, offer: Offer) -> str:
+        """Apply the player's offer; return the SDP answer with every server candidate in it."""
+        self._offer = offer
+        pc = self.pc
+        transceiver = pc.addTransceiver(self.track, direction="sendonly")
+        opus = [c for c in RTCRtpSender.getCapabilities("audio").codecs if c.mimeType.lower() == "audio/opus"]
+        transceiver.setCodecPreferences(opus)
+        pc.on("datachannel", self._on_datachannel)
+        pc.on("connectionstatechange", self._on_connection_state)
+        try:
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=offer.sdp, type="offer"))
+        except Exception as error:  # aiortc rejects what it cannot negotiate with assorted errors
+            message = str(error) or type(error).__name__
+            if "send parameters" in message:
+                raise SdpError("the offer's audio has no Opus codec", code="unsupported_codec") from error
+            raise SdpError(f"the offer cannot be applied: {message}") from error
+        if transceiver.mid is None:
+            raise SdpError("the offer's audio m-line could not be matched", code="no_audio")
+        for other in pc.getTransceivers():
+            if other is not transceiver:
+                other.direction = "inactive"  # no video, no second audio: nothing is received either
+        answer = await pc.createAnswer()
+        await pc.setLocalDescription(answer)
+        if pc.iceGatheringState != "complete":  # aiortc gathers inside setLocalDescription; be sure anyway
+            done = asyncio.Event()
+            pc.on("icegatheringstatechange", lambda: pc.iceGatheringState == "complete" and done.set())
+            if pc.iceGatheringState != "complete":
+                await asyncio.wait_for(done.wait(), timeout=10)
+        return with_rtcp_mux_only(pc.localDescription.sdp)
+
+    # -- trickle ICE --------------------------------------------------------------------------------
+
+    async def add_candidates(self, fragment: IceFragment) -> None:
+        """Add the player's trickled candidates; raise IceRestartUnsupported for new ICE credentials."""
+        assert self._offer is not None
+        if (fragment.ufrag is not None and fragment.ufrag != self._offer.ice_ufrag) or (
+                fragment.pwd is not None and fragment.pwd != self._offer.ice_pwd):
+            raise IceRestartUnsupported()
+        self.touch()
+        for candidate in fragment.candidates:
+            # Under BUNDLE every m-line shares the first one's transport; aiortc only feeds that one.
+            candidate.sdpMid = self._offer.bundle_mid or candidate.sdpMid or self._first_mid()
+            try:
+                await self.pc.addIceCandidate(candidate)
+            except Exception as error:  # RFC 8840 / WHEP: silently discard a candidate that cannot be used
+                log.debug("session %s: candidate discarded: %s", self.id, error)
+        if fragment.end_of_candidates:
+            try:
+                await self.pc.addIceCandidate(None)  # type: ignore[arg-type]
+            except Exception as error:
+                log.debug("session %s: end-of-candidates failed: %s", self.id, error)
+
+    def _first_mid(self) -> str | None:
+        for transceiver in self.pc.getTransceivers():
+            if transceiver.mid is not None:
+                return transceiver.mid
+        return None
+
+    # -- text in, events out ------------------------------------------------------------------------
+
+    def speak(self, request: SpeakRequest, reply_to: RTCDataChannel | None = None) -> Utterance:
+        """Queue an utterance (raises EngineError); an ``accepted`` event goes to where it came from."""
+        self.touch()
+        utterance = self.speaker.submit(request, reply_to)
+        self._emit(event("accepted", request_id=utterance.id, voice=utterance.voice.info.id,
+                         queue_position=self.speaker.queue_position(utterance)), reply_to)
+        return utterance
+
+    def cancel(self) -> list[Utterance]:
+        self.touch()
+        return self.speaker.cancel()
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        self.channels.append(channel)
+        self.touch()
+
+        @channel.on("message")
+        def _message(data: str | bytes) -> None:
+            self._on_message(channel, data)
+
+        @channel.on("close")
+        def _close() -> None:
+            if channel in self.channels:
+                self.channels.remove(channel)
+
+    def _on_message(self, channel: RTCDataChannel, data: str | bytes) -> None:
+        self.touch()
+        request_id = None
+        try:
+            message = parse_message(data)
+            if isinstance(message, Cancel):
+                self.cancel()
+                return
+            request_id = message.request_id
+            self.speak(message, channel)
+        except MessageError as error:
+            self._emit(event("error", code=error.code, message=error.message, param=error.param), channel)
+        except EngineError as error:
+            retry = getattr(error, "retry_after_s", None)
+            self._emit(event("error", code=error.code, message=error.message, param=error.param,
+                             request_id=request_id, retry_after_s=retry), channel)
+        except Exception:  # a bug here must not reach aiortc's SCTP handling
+            log.exception("session %s: message handling failed", self.id)
+            self._emit(event("error", code="internal_error", message="internal error", request_id=request_id),
+                       channel)
+
+    def _emit(self, text: str, channel: object | None) -> None:
+        targets = [channel] if channel is not None else list(self.channels)
+        for target in targets:
+            if isinstance(target, RTCDataChannel) and target.readyState == "open":
+                try:
+                    target.send(text)
+                except Exception as error:  # a channel closing under us
+                    log.debug("session %s: event not sent: %s", self.id, error)
+
+    # -- lifetime -----------------------------------------------------------------------------------
+
+    def touch(self) -> None:
+        self.last_activity = time.monotonic()
+
+    def idle_for(self, now: float) -> float:
+        """Seconds since the last text, PATCH or media frame pulled by the player's connection."""
+        last = self.last_activity
+        if self.track.last_pull is not None:
+            last = max(last, self.track.last_pull)
+        return now - last
+
+    def _spawn(self, coroutine: object, name: str) -> asyncio.Task[None]:
+        task = self.endpoint.spawn(coroutine, f"{name}-{self.id[:8]}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _on_connection_state(self) -> None:
+        state = self.pc.connectionState
+        if state in ("failed", "closed") and not self.closed:
+            self.close_soon(f"connection_{state}")
+
+    def close_soon(self, reason: str) -> None:
+        """Close from a callback: the work runs in a task the endpoint tracks."""
+        if self._closing is None and not self.closed:
+            self._closing = self.endpoint.spawn(self.close(reason), f"whep-close-{self.id[:8]}")
+
+    async def close(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        self.endpoint.forget(self, reason)
+        self.speaker.close()
+        for task in list(self._tasks):
+            task.cancel()
+        self.track.stop()
+        for channel in list(self.channels):
+            channel.close()
+        self.channels.clear()
+        try:
+            await self.pc.close()
+        except Exception:
+            log.exception("session %s: closing the peer connection failed", self.id)
+        self.pc.remove_all_listeners()
+        log.info("whep session %s closed (%s)", self.id, reason)

@@ -1,0 +1,221 @@
+"""WHEP's HTTP side (draft-ietf-wish-whep): the endpoint ``/whep`` and session resources ``/whep/{id}``.
+
+``POST /whep`` (an SDP offer) -> 201 with the SDP answer, ``Location``, ``ETag`` and
+``Link: rel="ice-server"``; ``PATCH`` a session with a trickle-ICE fragment -> 204
+(new ICE credentials, an ICE restart -> 422); ``DELETE`` -> 200. Text to speak comes on
+a DataChannel or, for players that cannot open one, ``POST /whep/{id}/speak``.
+Errors carry the project's JSON error body.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from app.errors import engine_error_response, error_response
+from app.state import engine_of
+from app.whep.endpoint import WhepEndpoint
+from app.whep.messages import MessageError, parse_speak
+from app.whep.resource import IceRestartUnsupported, WhepResource
+from app.whep.sdp import SdpError, parse_fragment, parse_offer
+from engine.errors import EngineError
+
+router = APIRouter(tags=["WHEP"])
+
+SDP = "application/sdp"
+SDP_FRAGMENT = "application/trickle-ice-sdpfrag"
+ENDPOINT_METHODS = "OPTIONS, GET, POST"
+SESSION_METHODS = "OPTIONS, GET, PATCH, DELETE"
+
+
+def endpoint_of(request: Request) -> WhepEndpoint:
+    endpoint: WhepEndpoint = request.app.state.whep
+    return endpoint
+
+
+def _media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def _unauthorized(request: Request) -> Response | None:
+    """401 unless the request carries the configured bearer token (none configured: everyone passes)."""
+    token = endpoint_of(request).token
+    if not token:
+        return None
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+        return None
+    return error_response(401, "a valid bearer token is required (Authorization: Bearer <token>)",
+                          type="authentication_error", code="unauthorized",
+                          headers={"WWW-Authenticate": 'Bearer realm="rtvoice"'})
+
+
+def _session(request: Request, session_id: str) -> WhepResource | Response:
+    resource = endpoint_of(request).get(session_id)
+    if resource is None:
+        return error_response(404, f"no WHEP session {session_id!r} (it ended, or never existed)",
+                              code="session_not_found")
+    return resource
+
+
+def _location(request: Request, resource: WhepResource) -> str:
+    return f"{request.scope.get('root_path', '')}/whep/{resource.id}"
+
+
+# -- the endpoint -----------------------------------------------------------------------------------
+
+
+@router.options("/whep", include_in_schema=False)
+async def endpoint_options() -> Response:
+    return Response(status_code=200, headers={"Accept-Post": SDP, "Allow": ENDPOINT_METHODS})
+
+
+@router.get("/whep", status_code=204, response_class=Response)
+async def endpoint_get(request: Request) -> Response:
+    """WHEP resources have no representation: 204."""
+    return _unauthorized(request) or Response(status_code=204)
+
+
+@router.post(
+    "/whep",
+    status_code=201,
+    response_class=Response,
+    openapi_extra={"requestBody": {"required": True, "content": {SDP: {"schema": {"type": "string"}}}},
+                   "parameters": [{"name": "voice", "in": "query", "required": False,
+                                   "schema": {"type": "string"}, "description": "The session's voice id."}]},
+    responses={201: {"content": {SDP: {}}, "description": "The SDP answer; Location names the session."}},
+)
+async def create_session(request: Request) -> Response:
+    """Start playback: the player's SDP offer (recvonly audio, a DataChannel for text) in, the answer out."""
+    if (denied := _unauthorized(request)) is not None:
+        return denied
+    if _media_type(request) != SDP:
+        return error_response(415, f"the offer must be sent as {SDP}", code="unsupported_media_type",
+                              headers={"Accept-Post": SDP})
+    engine = engine_of(request)
+    voice = engine.resolve_voice(request.query_params.get("voice") or None, "voice")
+    endpoint = endpoint_of(request)
+    try:
+        offer = parse_offer(await request.body())
+        resource, answer = await endpoint.create(offer, voice)
+    except SdpError as error:
+        return error_response(400, error.message, code=error.code, param="sdp")
+    response = Response(answer, status_code=201, media_type=SDP,
+                        headers={"Location": _location(request, resource), "ETag": resource.etag})
+    for link in endpoint.link_headers:
+        response.headers.append("Link", link)
+    return response
+
+
+# -- a session ----------------------------------------------------------------------------------------
+
+
+@router.options("/whep/{session_id}", include_in_schema=False)
+async def session_options(session_id: str) -> Response:
+    return Response(status_code=200, headers={"Accept-Patch": SDP_FRAGMENT, "Allow": SESSION_METHODS})
+
+
+@router.get("/whep/{session_id}", status_code=204, response_class=Response)
+async def session_get(request: Request, session_id: str) -> Response:
+    """WHEP resources have no representation: 204 while the session lives, 404 after."""
+    if (denied := _unauthorized(request)) is not None:
+        return denied
+    found = _session(request, session_id)
+    return found if isinstance(found, Response) else Response(status_code=204)
+
+
+@router.patch(
+    "/whep/{session_id}",
+    status_code=204,
+    response_class=Response,
+    openapi_extra={"requestBody": {"required": True, "content": {SDP_FRAGMENT: {"schema": {"type": "string"}}}}},
+)
+async def patch_session(request: Request, session_id: str) -> Response:
+    """Trickle ICE: add the player's candidates. New ICE credentials (an ICE restart) get 422."""
+    if (denied := _unauthorized(request)) is not None:
+        return denied
+    found = _session(request, session_id)
+    if isinstance(found, Response):
+        return found
+    if _media_type(request) != SDP_FRAGMENT:
+        return error_response(415, f"ICE updates must be sent as {SDP_FRAGMENT}", code="unsupported_media_type",
+                              headers={"Accept-Patch": SDP_FRAGMENT})
+    try:
+        fragment = parse_fragment(await request.body())
+        await found.add_candidates(fragment)
+    except SdpError as error:
+        return error_response(400, error.message, code=error.code, param="sdpfrag")
+    except IceRestartUnsupported:
+        return error_response(422, "ICE restarts are not supported; the session keeps its ICE session "
+                                   "(DELETE it and POST a new offer to reconnect)", code="ice_restart_unsupported")
+    return Response(status_code=204)
+
+
+@router.delete("/whep/{session_id}", status_code=200, response_class=Response)
+async def delete_session(request: Request, session_id: str) -> Response:
+    """End the session: peer connection closed, speech cancelled, everything freed before the answer."""
+    if (denied := _unauthorized(request)) is not None:
+        return denied
+    found = _session(request, session_id)
+    if isinstance(found, Response):
+        return found
+    await found.close("deleted")
+    return Response(status_code=200)
+
+
+# -- text for players without a DataChannel ------------------------------------------------------------
+
+
+@router.post(
+    "/whep/{session_id}/speak",
+    status_code=202,
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "required": ["text"], "properties": {
+            "text": {"type": "string"}, "voice": {"type": "string"}, "request_id": {"type": "string"},
+            "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0}}}}}}},
+)
+async def speak(request: Request, session_id: str) -> Response:
+    """Speak ``text`` on the session's audio track, after what it is already saying; 202 with the request id."""
+    if (denied := _unauthorized(request)) is not None:
+        return denied
+    found = _session(request, session_id)
+    if isinstance(found, Response):
+        return found
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        return error_response(400, f"request body is not valid JSON: {error}", code="invalid_json")
+    try:
+        utterance = found.speak(parse_speak(body))
+    except MessageError as error:
+        return error_response(400, error.message, code=error.code, param=error.param)
+    except EngineError as error:
+        response = engine_error_response(error)
+        if getattr(error, "retry_after_s", None) is not None:
+            response.headers["Retry-After"] = str(error.retry_after_s)  # type: ignore[attr-defined]
+        return response
+    return JSONResponse({"request_id": utterance.id, "voice": utterance.voice.info.id,
+                         "queue_position": found.speaker.queue_position(utterance)}, status_code=202)
+
+
+@router.delete("/whep/{session_id}/speak", status_code=200)
+async def cancel_speech(request: Request, session_id: str) -> Response:
+    """Barge-in: stop what the session is saying and drop what it has queued."""
+    if (denied := _unauthorized(request)) is not None:
+        return denied
+    found = _session(request, session_id)
+    if isinstance(found, Response):
+        return found
+    cancelled = found.cancel()
+    return JSONResponse({"cancelled": [u.id for u in cancelled]})
+
+
+@router.get("/debug/whep", include_in_schema=False)
+async def debug(request: Request) -> Response:
+    """Leak accounting for tests and operators: sessions, peer connections and tasks WHEP holds."""
+    if (denied := _unauthorized(request)) is not None:
+        return denied
+    return JSONResponse(endpoint_of(request).debug())

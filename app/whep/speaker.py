@@ -1,0 +1,221 @@
+"""A session's utterances: each through the engine, one after another, onto the session's audio track.
+
+A request's text and voice are checked when it arrives. When nothing else is
+pending its engine stream opens at once, so an overloaded server refuses it
+at once too. A request that arrives while another is speaking waits its
+turn: its stream opens when the one before has been synthesised (about
+``MAX_QUEUED_AUDIO_S`` before that one stops playing, so speech runs back to
+back), and only then may it be refused as overloaded, by an ``error`` event.
+Opening late keeps the engine's playback deadlines true: a stream's audio
+plays from its first chunk on. ``cancel`` stops the utterance playing and
+drops the queued ones: their streams are cancelled and the track falls silent
+from its next 20 ms frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.audio.framing import FrameBuffer
+from engine.engine import Engine
+from engine.errors import EngineError, StreamFailed
+from engine.models.base import SynthesisOptions, Voice
+from engine.stream import SpeechStream
+
+from app.whep.mediastreams import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE, SpeechTrack
+from app.whep.messages import SpeakRequest, event
+
+MAX_QUEUED_AUDIO_S = 2.0
+"""Speech the speaker puts on the track ahead of playback; the engine's own backpressure does the rest."""
+
+_ids = itertools.count(1)
+
+
+class QueueFull(EngineError):
+    status = 429
+    type = "rate_limit_error"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"this session already has {limit} utterances playing or queued; wait or cancel",
+                         code="queue_full")
+        self.retry_after_s = 1
+
+
+Emit = Callable[[str, "object | None"], None]
+"""Send an event's JSON to a channel (None: every open channel of the session)."""
+
+
+@dataclass(eq=False)
+class Utterance:
+    id: str
+    text: str
+    voice: Voice
+    options: SynthesisOptions
+    stream: SpeechStream | None
+    """Opened when the utterance is next to play (at once when nothing else is pending)."""
+    reply_to: object | None
+    """The DataChannel the request came on; None for ``/speak`` (events go to every open channel)."""
+    accepted_at: float = field(default_factory=time.monotonic)
+    state: str = "queued"
+    """queued -> speaking -> done | cancelled | failed"""
+    first_frame_at: float | None = None
+    start_frame: int = 0
+    frames: int = 0
+
+
+class Speaker:
+    def __init__(self, engine: Engine, track: SpeechTrack, voice: Voice, emit: Emit, max_pending: int,
+                 spawn: Callable[..., asyncio.Task[None]], on_outcome: Callable[[str], None] | None = None) -> None:
+        self.engine = engine
+        self.track = track
+        self.voice = voice
+        self._emit = emit
+        self.max_pending = max_pending
+        self._spawn = spawn
+        self._on_outcome = on_outcome
+        self._pending: deque[Utterance] = deque()
+        """Accepted and not finished, in playback order (the first may be playing)."""
+        self._to_pump: deque[Utterance] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self.closed = False
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    # -- requests -----------------------------------------------------------------------------------
+
+    def submit(self, request: SpeakRequest, reply_to: object | None = None) -> Utterance:
+        """Check and admit one utterance, or raise EngineError (bad text or voice, overloaded, queue full)."""
+        if self.closed:
+            raise EngineError("the session is closed", code="session_closed")
+        if len(self._pending) >= self.max_pending:
+            raise QueueFull(self.max_pending)
+        self.engine.check_text(request.text, "text")
+        voice = self.voice if request.voice is None else self.engine.resolve_voice(request.voice,
+                                                                                   request.voice_param)
+        options = SynthesisOptions(speed=request.speed)
+        stream = None
+        if not self._pending:
+            stream = self.engine.open_stream(voice, options, SAMPLE_RATE, text=request.text)
+        utterance = Utterance(request.request_id or f"u{next(_ids)}", request.text, voice, options, stream,
+                              reply_to)
+        self._pending.append(utterance)
+        self._to_pump.append(utterance)
+        if self._task is None or self._task.done():
+            self._task = self._spawn(self._run(), "whep-speaker")
+        return utterance
+
+    def queue_position(self, utterance: Utterance) -> int:
+        """0 for the utterance playing (or next to), 1 for the one after it, and so on."""
+        return list(self._pending).index(utterance) if utterance in self._pending else 0
+
+    def cancel(self) -> list[Utterance]:
+        """Barge-in: stop the utterance playing and drop the queued ones; returns them."""
+        cancelled = list(self._pending)
+        self._pending.clear()
+        self._to_pump.clear()
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self.track.clear()
+        self.track.expecting = False
+        for utterance in cancelled:
+            if utterance.stream is not None:
+                utterance.stream.cancel()
+            utterance.state = "cancelled"
+            played = self.track.speech_frames_sent - utterance.start_frame if utterance.first_frame_at else 0
+            self._send(utterance, "cancelled", audio_s=round(max(0, played) * FRAME_S, 3))
+            self._outcome("cancelled")
+        return cancelled
+
+    def close(self) -> None:
+        """Free everything: streams cancelled, task stopped, nothing more is sent."""
+        self.closed = True
+        for utterance in list(self._pending):
+            if utterance.stream is not None:
+                utterance.stream.cancel()
+            utterance.state = "cancelled"
+            self._outcome("cancelled")
+        self._pending.clear()
+        self._to_pump.clear()
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self.track.clear()
+
+    # -- playback -----------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while self._to_pump:
+            utterance = self._to_pump.popleft()
+            await self._pump(utterance)
+
+    async def _pump(self, utterance: Utterance) -> None:
+        """Cut the stream's audio into 20 ms frames and queue them on the track, a little ahead of playback."""
+        if utterance.stream is None:
+            try:
+                utterance.stream = self.engine.open_stream(utterance.voice, utterance.options, SAMPLE_RATE,
+                                                           text=utterance.text)
+            except EngineError as error:
+                utterance.state = "failed"
+                self._send(utterance, "error", code=error.code, message=error.message,
+                           retry_after_s=getattr(error, "retry_after_s", None))
+                self._outcome("failed")
+                self.track.mark(lambda u=utterance: self._on_last_frame(u))
+                return
+        framer = FrameBuffer(FRAME_SAMPLES)
+        started = False
+        try:
+            async for pcm in utterance.stream.audio():
+                for frame in framer.push(pcm):
+                    if not started:
+                        started = True
+                        self.track.mark(lambda u=utterance: self._on_first_frame(u))
+                    self.track.push(frame)
+                    utterance.frames += 1
+                    self.track.expecting = True
+                await self.track.wait_for_space(MAX_QUEUED_AUDIO_S)
+            tail = framer.flush()
+            if tail is not None:
+                if not started:
+                    self.track.mark(lambda u=utterance: self._on_first_frame(u))
+                self.track.push(tail)
+                utterance.frames += 1
+        except StreamFailed as error:
+            utterance.state = "failed"
+            self._send(utterance, "error", code=error.code, message=error.message)
+            self._outcome("failed")
+        finally:
+            self.track.expecting = False
+        self.track.mark(lambda u=utterance: self._on_last_frame(u))
+
+    def _on_first_frame(self, utterance: Utterance) -> None:
+        if utterance.state != "queued":
+            return
+        utterance.state = "speaking"
+        utterance.first_frame_at = time.monotonic()
+        utterance.start_frame = self.track.speech_frames_sent
+        self._send(utterance, "audio_start",
+                   ttfa_ms=round((utterance.first_frame_at - utterance.accepted_at) * 1000, 1))
+
+    def _on_last_frame(self, utterance: Utterance) -> None:
+        if utterance in self._pending:
+            self._pending.remove(utterance)
+        if utterance.state in ("queued", "speaking"):
+            utterance.state = "done"
+            self._send(utterance, "done", audio_s=round(utterance.frames * FRAME_S, 3))
+            self._outcome("done")
+
+    def _send(self, utterance: Utterance, kind: str, **fields: object) -> None:
+        if not self.closed:
+            self._emit(event(kind, request_id=utterance.id, **fields), utterance.reply_to)
+
+    def _outcome(self, outcome: str) -> None:
+        if self._on_outcome is not None:
+            self._on_outcome(outcome)

@@ -1,0 +1,87 @@
+"""The demo page in headless Chromium (Debian's package, driven by Playwright): every transport speaks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import Server
+
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--autoplay-policy=no-user-gesture-required", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic",
+    "--mute-audio",
+]
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    executable = _chromium()
+    if executable is None:
+        if os.environ.get("RTVOICE_REQUIRE_BROWSER") == "1":
+            pytest.fail("chromium is not installed and RTVOICE_REQUIRE_BROWSER=1")
+        pytest.skip("chromium is not installed")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, server: Server):  # type: ignore[no-untyped-def]
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(server.url + "/")
+    page.wait_for_function("document.querySelectorAll('#voice option').length > 0", timeout=10_000)
+    yield page
+    context.close()
+
+
+def speak(page, transport: str) -> dict:  # type: ignore[no-untyped-def]
+    page.select_option("#transport", transport)
+    page.click("#speak")
+    page.wait_for_function("window.rtvoice.ttfaMs !== null", timeout=20_000)
+    page.wait_for_function("window.rtvoice.maxLevel > 0.01", timeout=10_000)
+    return page.evaluate("window.rtvoice")
+
+
+def test_page_lists_voices_and_links(page) -> None:  # type: ignore[no-untyped-def]
+    assert page.title() == "rtvoice"
+    voices = page.eval_on_selector_all("#voice option", "options => options.map(o => o.value)")
+    assert "en_US-joe-medium" in voices
+    assert page.is_enabled("#speak") and page.is_disabled("#stop")
+
+
+def test_webrtc_whep_speaks(page) -> None:  # type: ignore[no-untyped-def]
+    stats = speak(page, "webrtc")
+    assert stats["whepConnected"] and stats["packetsReceived"] > 0
+    assert stats["errors"] == []
+    print(f"browser WebRTC text -> first audio: {stats['ttfaMs']} ms")
+    page.wait_for_function("window.rtvoice.events.some(e => e.type === 'audio_start')", timeout=10_000)
+
+
+def test_webrtc_stop_cancels(page) -> None:  # type: ignore[no-untyped-def]
+    page.fill("#text", " ".join(["This is a long text that keeps going so there is time to stop it."] * 6))
+    speak(page, "webrtc")
+    page.click("#stop")
+    page.wait_for_function("window.rtvoice.events.some(e => e.type === 'cancelled')", timeout=10_000)
+
+
+def test_websocket_speaks(page) -> None:  # type: ignore[no-untyped-def]
+    stats = speak(page, "websocket")
+    assert stats["errors"] == []
+    print(f"browser WebSocket text -> first audio: {stats['ttfaMs']} ms")
+
+
+def test_http_speaks(page) -> None:  # type: ignore[no-untyped-def]
+    stats = speak(page, "http")
+    assert stats["errors"] == []
+    print(f"browser HTTP text -> first audio: {stats['ttfaMs']} ms")

@@ -1,0 +1,634 @@
+"""WHEP (draft-ietf-wish-whep) over a real server and a real aiortc player: SDP, trickle ICE, speech, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Coroutine, Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+from engine.audio.framing import FrameBuffer
+from tests.conftest import Server
+from tests.whep_client import SPEECH_RMS, StunResponder, WhepPlayer
+
+SDP = {"Content-Type": "application/sdp"}
+FRAG = {"Content-Type": "application/trickle-ice-sdpfrag"}
+TOKEN = "s3cret-token"
+SHORT = "Hello there, this is rtvoice speaking over WebRTC."
+LONG = " ".join(["When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone",
+                 "expected a short meeting, but the discussion about the new budget went on for hours."] * 4)
+
+
+def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coroutine)
+
+
+async def offer_sdp(audio: bool = True, datachannel: bool = True) -> tuple[RTCPeerConnection, str]:
+    """An aiortc offer as a browser player would make it (recvonly audio, a DataChannel)."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates only: no public STUN lookup
+    if audio:
+        pc.addTransceiver("audio", direction="recvonly")
+    if datachannel:
+        pc.createDataChannel("tts")
+    await pc.setLocalDescription(await pc.createOffer())
+    return pc, pc.localDescription.sdp
+
+
+def post_offer(url: str, sdp: str, headers: dict[str, str] | None = None, **params: str) -> httpx.Response:
+    return httpx.post(f"{url}/whep", content=sdp, headers={**SDP, **(headers or {})}, params=params, timeout=30)
+
+
+def assert_error(response: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert error["message"] and error["type"]
+    if code is not None:
+        assert error["code"] == code, error
+    return error
+
+
+def audio_section(sdp: str) -> str:
+    return sdp.split("m=audio", 1)[1].split("\nm=", 1)[0]
+
+
+def wait_until(predicate: Any, timeout: float = 15.0, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+def debug(url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    response = httpx.get(f"{url}/debug/whep", headers=headers, timeout=10)
+    assert response.status_code == 200
+    return response.json()
+
+
+# -- units: framing and the paced track -------------------------------------------------------------
+
+
+def test_frame_buffer_cuts_fixed_frames() -> None:
+    framer = FrameBuffer(960)
+    assert framer.push(np.arange(500, dtype=np.int16)) == []
+    frames = framer.push(np.arange(500, 2500, dtype=np.int16))
+    assert [len(f) for f in frames] == [960, 960] and framer.pending_samples == 2500 - 1920
+    joined = np.concatenate([*frames, framer.flush()])
+    assert np.array_equal(joined[:2500], np.concatenate([np.arange(500), np.arange(500, 2500)]).astype(np.int16))
+    assert len(joined) == 2880 and not joined[2500:].any()  # the tail is padded with silence
+    assert framer.flush() is None
+    framer.push(np.ones(10, dtype=np.int16))
+    framer.clear()
+    assert framer.pending_samples == 0 and framer.flush() is None
+    with pytest.raises(ValueError):
+        FrameBuffer(0)
+
+
+def test_speech_track_paces_packets_and_runs_marks() -> None:
+    import av
+
+    from app.whep.mediastreams import FRAME_SAMPLES, SETTLE_FRAMES, SpeechTrack
+
+    tone = (np.sin(np.arange(FRAME_SAMPLES) * 2 * np.pi * 440 / 48000) * 8000).astype(np.int16)
+
+    async def main() -> None:
+        track = SpeechTrack()
+        decoder = av.CodecContext.create("libopus", "r")
+        seen: list[str] = []
+        track.mark(lambda: seen.append("start"))
+        for _ in range(3):
+            track.push(tone)
+        track.mark(lambda: seen.append("end"))
+        start = time.monotonic()
+        packets = [await track.recv() for _ in range(12)]
+        elapsed = time.monotonic() - start
+        assert seen == ["start", "end"]
+        assert [p.pts for p in packets] == [i * FRAME_SAMPLES for i in range(12)]
+        levels = []
+        for packet in packets:
+            frames = decoder.decode(packet)
+            levels.append(max((float(np.abs(f.to_ndarray()).max()) for f in frames), default=0.0))
+        assert min(levels[1:3]) > 2000  # the tone
+        assert max(levels[-4:]) < 50  # then silence
+        assert 0.18 <= elapsed < 2.0  # eleven 20 ms waits: paced to the clock, not as fast as possible
+        # Once silence has settled the encoder is not called any more: idle sessions cost no codec work.
+        encoded = track._encoder.encoded
+        await track.recv()
+        assert track._encoder.encoded == encoded and 12 - 3 > SETTLE_FRAMES
+        track.push(tone)
+        track.clear()
+        assert track.speech_frames_sent == 3
+        await track.recv()
+        assert track.speech_frames_sent == 3  # cleared: silence from the next frame on
+        track.stop()
+        with pytest.raises(Exception):
+            await track.recv()
+
+    run(main())
+
+
+# -- session setup: POST, the answer, DELETE ------------------------------------------------------------
+
+
+def test_post_offer_creates_a_session_with_a_complete_answer(server: Server) -> None:
+    async def main() -> None:
+        pc, sdp = await offer_sdp()
+        try:
+            start = time.monotonic()
+            response = post_offer(server.url, sdp)
+            elapsed = time.monotonic() - start
+            assert response.status_code == 201, response.text
+            assert response.headers["content-type"] == "application/sdp"
+            location = response.headers["location"]
+            assert re.fullmatch(r"/whep/[0-9a-f]{24}", location)
+            assert re.fullmatch(r'"[0-9a-f]+"', response.headers["etag"])  # a strong entity-tag
+            assert "link" not in response.headers  # no ICE servers configured
+            answer = response.text
+            assert answer.startswith("v=0")
+            audio = audio_section(answer)
+            assert "a=sendonly" in audio and "opus/48000/2" in audio
+            assert "a=rtcp-mux\r\na=rtcp-mux-only" in audio
+            candidates = re.findall(r"^a=candidate:.* typ (\w+)", audio, flags=re.M)
+            assert candidates and set(candidates) == {"host"}  # every candidate, gathered before answering
+            assert "a=end-of-candidates" in audio
+            assert "m=application" in answer  # the DataChannel
+            assert elapsed < 4.0  # no public STUN lookup on a closed network
+
+            session = f"{server.url}{location}"
+            assert httpx.get(session, timeout=10).status_code == 204
+            deleted = httpx.delete(session, timeout=10)
+            assert deleted.status_code == 200
+            assert_error(httpx.delete(session, timeout=10), 404, "session_not_found")
+            assert_error(httpx.get(session, timeout=10), 404)
+            assert_error(httpx.patch(session, content=b"a=end-of-candidates\r\n", headers=FRAG, timeout=10), 404)
+        finally:
+            await pc.close()
+
+    run(main())
+
+
+def test_offer_errors(server: Server) -> None:
+    async def main() -> None:
+        pc, sdp = await offer_sdp()
+        no_audio_pc, no_audio = await offer_sdp(audio=False)
+        sessions_before = set(debug(server.url)["session_ids"])
+        try:
+            bad_type = httpx.post(f"{server.url}/whep", content=sdp, headers={"Content-Type": "text/plain"})
+            assert_error(bad_type, 415, "unsupported_media_type")
+            assert bad_type.headers["accept-post"] == "application/sdp"
+            assert_error(httpx.post(f"{server.url}/whep", json={"sdp": sdp}), 415)
+            assert_error(post_offer(server.url, "hello, I am not SDP"), 400)
+            assert_error(post_offer(server.url, "v=0\r\nm=audio banana\r\n"), 400)
+            assert_error(post_offer(server.url, sdp.replace("a=ice-ufrag", "a=x-ufrag")), 400)
+            assert_error(post_offer(server.url, no_audio), 400, "no_audio")
+            sendonly = sdp.replace("a=recvonly", "a=sendonly")
+            assert_error(post_offer(server.url, sendonly), 400, "invalid_direction")
+            pcmu_only = re.sub(r"m=audio (\d+) (\S+) [\d ]+", r"m=audio \1 \2 0", sdp)
+            pcmu_only = "\r\n".join(line for line in pcmu_only.split("\r\n")
+                                    if not re.match(r"a=(rtpmap|fmtp|rtcp-fb):(?!0 )", line))
+            assert_error(post_offer(server.url, pcmu_only), 400, "unsupported_codec")
+            error = assert_error(post_offer(server.url, sdp, voice="nobody"), 400, "voice_not_found")
+            assert error["param"] == "voice"
+            assert set(debug(server.url)["session_ids"]) <= sessions_before  # nothing was left half-made
+        finally:
+            await pc.close()
+            await no_audio_pc.close()
+
+    run(main())
+
+
+# -- speech ---------------------------------------------------------------------------------------------
+
+
+def test_datachannel_request_is_heard(server: Server) -> None:
+    async def main() -> None:
+        player = await WhepPlayer(server.url).start()
+        try:
+            await asyncio.sleep(0.4)
+            sent = player.send({"type": "tts_request", "text": SHORT, "speaker_id": "en_US-joe-medium",
+                                "request_id": "r1"})
+            first = await player.wait_for_speech(sent)
+            accepted = await player.event("accepted", "r1")
+            start = await player.event("audio_start", "r1")
+            done = await player.event("done", "r1")
+            await asyncio.sleep(0.3)
+            before = player.frames_between(0, sent)
+            during = player.frames_between(first.at, first.at + done["audio_s"])
+            latency = first.at - sent
+            print(f"\nWHEP text -> first audible frame at the player: {latency * 1000:.0f} ms "
+                  f"(server ttfa_ms {start['ttfa_ms']})")
+            assert accepted["voice"] == "en_US-joe-medium" and accepted["queue_position"] == 0
+            assert len(before) >= 10 and max(f.rms for f in before) < 1e-3  # silence before the request
+            rms = float(np.sqrt(np.mean([f.rms ** 2 for f in during])))
+            assert rms > 0.03  # real speech energy, far above silence
+            assert 2.0 < done["audio_s"] < 8.0
+            assert 0 <= start["ttfa_ms"] < 5000 and latency < 5.0
+            types = [e["type"] for e in player.events]
+            assert types == ["accepted", "audio_start", "done"]
+            assert {f.samples for f in player.frames} == {960}  # 20 ms Opus frames at 48 kHz
+        finally:
+            await player.close()
+
+    run(main())
+
+
+def test_speak_route_for_players_without_a_datachannel(server: Server) -> None:
+    async def main() -> None:
+        player = await WhepPlayer(server.url, datachannel=False).start()
+        session = player.session_url
+        try:
+            async with httpx.AsyncClient(timeout=30) as http:
+                sent = time.monotonic()
+                response = await http.post(f"{session}/speak", json={"text": SHORT, "voice": "en_US-joe-medium"})
+                assert response.status_code == 202, response.text
+                body = response.json()
+                assert body["request_id"] and body["voice"] == "en_US-joe-medium"
+                first = await player.wait_for_speech(sent)
+                assert first.at >= sent
+                assert_error(await http.post(f"{session}/speak", content=b"{nope"), 400, "invalid_json")
+                assert_error(await http.post(f"{session}/speak", json={"text": "  "}), 400, "empty_input")
+                assert_error(await http.post(f"{session}/speak", json={"voice": "x"}), 400, "invalid_value")
+                error = assert_error(await http.post(f"{session}/speak", json={"text": "Hi.", "voice": "nobody"}),
+                                     400, "voice_not_found")
+                assert error["param"] == "voice"
+                assert_error(await http.post(f"{server.url}/whep/{'0' * 24}/speak", json={"text": "Hi."}), 404)
+                cancelled = await http.delete(f"{session}/speak")
+                assert cancelled.status_code == 200 and cancelled.json()["cancelled"] == [body["request_id"]]
+        finally:
+            await player.close()
+
+    run(main())
+
+
+def test_cancel_stops_speech_within_a_chunk(server: Server) -> None:
+    async def main() -> None:
+        player = await WhepPlayer(server.url).start()
+        try:
+            cancelled_before = server.metric("rtvoice_streams_total", {"outcome": "cancelled"})
+            sent = player.send({"type": "tts_request", "text": LONG, "request_id": "long"})
+            first = await player.wait_for_speech(sent)
+            await asyncio.sleep(1.0)
+            stop = player.send({"type": "cancel"})
+            event = await player.event("cancelled", "long")
+            assert 0.5 < event["audio_s"] < 10
+            await asyncio.sleep(1.0)
+            speech_after = [f for f in player.frames if f.at > stop and f.rms > SPEECH_RMS]
+            tail = (speech_after[-1].at - stop) if speech_after else 0.0
+            print(f"\nWHEP barge-in: last audible frame {tail * 1000:.0f} ms after cancel left the player")
+            assert tail < 0.6  # one 20 ms frame plus the player's jitter buffer, with room for a busy machine
+            assert first.at < stop
+            assert "done" not in [e["type"] for e in player.events]
+            assert wait_until(lambda: server.metric("rtvoice_streams_total", {"outcome": "cancelled"})
+                              >= cancelled_before + 1, 5)
+            # The session goes on: the next request speaks.
+            again = player.send({"type": "tts_request", "text": "And now something short.", "request_id": "next"})
+            await player.wait_for_speech(again)
+            await player.event("done", "next")
+        finally:
+            await player.close()
+
+    run(main())
+
+
+def test_requests_queue_behind_the_one_speaking(server: Server) -> None:
+    async def main() -> None:
+        player = await WhepPlayer(server.url).start()
+        try:
+            player.send({"type": "tts_request", "text": "First sentence.", "request_id": "a"})
+            player.send({"type": "tts_request", "text": "Second sentence.", "request_id": "b"})
+            done_b = await player.event("done", "b")
+            order = [(e["type"], e.get("request_id")) for e in player.events]
+            assert order == [("accepted", "a"), ("accepted", "b"), ("audio_start", "a"), ("done", "a"),
+                             ("audio_start", "b"), ("done", "b")]
+            assert [e["queue_position"] for e in player.events if e["type"] == "accepted"] == [0, 1]
+            assert done_b["audio_s"] > 0.5
+        finally:
+            await player.close()
+
+    run(main())
+
+
+def test_datachannel_errors(server: Server) -> None:
+    async def main() -> None:
+        player = await WhepPlayer(server.url).start()
+        try:
+            cases = [
+                ("{not json", "invalid_json", None),
+                (json.dumps([1, 2]), "invalid_message", None),
+                (json.dumps({"type": "sing"}), "unknown_type", "type"),
+                (json.dumps({"type": "tts_request"}), "invalid_value", "text"),
+                (json.dumps({"type": "tts_request", "text": " "}), "empty_input", "text"),
+                (json.dumps({"type": "tts_request", "text": "Hi.", "speaker_id": "nobody"}), "voice_not_found",
+                 "speaker_id"),
+                (json.dumps({"type": "tts_request", "text": "Hi.", "speed": 9}), "invalid_value", "speed"),
+            ]
+            for message, code, param in cases:
+                start = len(player.events)
+                player.send(message)
+                error = await player.event("error", start=start, timeout=10)
+                assert error["code"] == code and error["message"], (message, error)
+                assert error.get("param") == param, (message, error)
+            # A session holds at most whep_max_pending_requests (8) utterances.
+            start = len(player.events)
+            for i in range(9):
+                player.send({"type": "tts_request", "text": f"Sentence number {i}.", "request_id": f"q{i}"})
+            error = await player.event("error", start=start, timeout=10)
+            assert error["code"] == "queue_full" and error["request_id"] == "q8"
+            player.send({"type": "cancel"})
+            await player.event("cancelled", "q7")
+        finally:
+            await player.close()
+
+    run(main())
+
+
+# -- trickle ICE ----------------------------------------------------------------------------------------
+
+
+def _fragment(offer: str, ufrag: str | None = None, pwd: str | None = None, end: bool = True) -> str:
+    """An RFC 8840 fragment of the offer's first m-line: its credentials and candidates."""
+    media = offer.split("\r\nm=")[1]
+    mid = re.search(r"^a=mid:(\S+)", media, re.M).group(1)  # type: ignore[union-attr]
+    ufrag = ufrag or re.search(r"a=ice-ufrag:(\S+)", offer).group(1)  # type: ignore[union-attr]
+    pwd = pwd or re.search(r"a=ice-pwd:(\S+)", offer).group(1)  # type: ignore[union-attr]
+    lines = [f"a=ice-ufrag:{ufrag}", f"a=ice-pwd:{pwd}", "m=" + media.split("\r\n")[0], f"a=mid:{mid}"]
+    lines += re.findall(r"^a=candidate:.*$", media, re.M)
+    if end:
+        lines.append("a=end-of-candidates")
+    return "\r\n".join(lines) + "\r\n"
+
+
+def test_trickled_candidates_connect(server: Server) -> None:
+    """An offer without candidates, its candidates sent by PATCH afterwards: the session connects."""
+
+    async def main() -> None:
+        async with httpx.AsyncClient(timeout=30) as http:
+            player = WhepPlayer(server.url, http=http)
+            full = await player.offer()
+            bare = "\r\n".join(line for line in full.split("\r\n")
+                               if not line.startswith(("a=candidate:", "a=end-of-candidates")))
+            try:
+                response = await http.post(f"{server.url}/whep", content=bare, headers=SDP)
+                assert response.status_code == 201
+                player.location = response.headers["location"]
+                session = player.session_url
+                # ICE restart: new credentials -> 422, and the session lives on.
+                restart = await http.patch(session, content=_fragment(full, "newufrag", "newpassword0123456789abc"),
+                                           headers={**FRAG, "If-Match": "*"})
+                assert_error(restart, 422, "ice_restart_unsupported")
+                assert (await http.get(session)).status_code == 204
+                assert_error(await http.patch(session, content=_fragment(full), headers=SDP), 415)
+                bad = await http.patch(session, content=b"a=candidate:1 1 udp\r\n", headers=FRAG)
+                assert_error(bad, 400, "invalid_candidate")
+                trickle = await http.patch(session, content=_fragment(full),
+                                           headers={**FRAG, "If-Match": response.headers["etag"]})
+                assert trickle.status_code == 204 and not trickle.content
+                assert "etag" not in trickle.headers
+                await player.pc.setRemoteDescription(RTCSessionDescription(sdp=response.text, type="answer"))
+                await asyncio.wait_for(player._connected.wait(), 20)
+                await asyncio.wait_for(player._channel_open.wait(), 20)
+                sent = player.send({"type": "tts_request", "text": "Connected by trickle ICE."})
+                await player.wait_for_speech(sent)
+            finally:
+                await player.close()
+
+    run(main())
+
+
+# -- HTTP surface: OPTIONS, CORS -------------------------------------------------------------------------
+
+
+def test_options_and_cors(server: Server) -> None:
+    options = httpx.options(f"{server.url}/whep", timeout=10)
+    assert options.status_code == 200 and options.headers["accept-post"] == "application/sdp"
+    session_options = httpx.options(f"{server.url}/whep/{'0' * 24}", timeout=10)
+    assert session_options.status_code == 200
+    assert session_options.headers["accept-patch"] == "application/trickle-ice-sdpfrag"
+
+    origin = {"Origin": "https://player.example"}
+    preflight = httpx.options(f"{server.url}/whep", headers={
+        **origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type, authorization"}, timeout=10)
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] in ("*", origin["Origin"])
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+    assert preflight.headers["accept-post"] == "application/sdp"
+    exposed = {h.strip().lower() for h in preflight.headers["access-control-expose-headers"].split(",")}
+    assert {"location", "etag", "link"} <= exposed
+    patch_preflight = httpx.options(f"{server.url}/whep/abc", headers={
+        **origin, "Access-Control-Request-Method": "PATCH"}, timeout=10)
+    methods = patch_preflight.headers["access-control-allow-methods"]
+    assert patch_preflight.status_code == 200 and "PATCH" in methods and "DELETE" in methods
+
+    async def main() -> None:
+        pc, sdp = await offer_sdp()
+        try:
+            response = post_offer(server.url, sdp, headers=origin)
+            assert response.status_code == 201
+            assert response.headers["access-control-allow-origin"] in ("*", origin["Origin"])
+            exposed = {h.strip().lower() for h in response.headers["access-control-expose-headers"].split(",")}
+            assert {"location", "etag", "link"} <= exposed
+            assert httpx.delete(f"{server.url}{response.headers['location']}", headers=origin).status_code == 200
+        finally:
+            await pc.close()
+
+    run(main())
+
+
+# -- a configured server: ICE servers, token, limits, idle timeout ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stun() -> Iterator[StunResponder]:
+    responder = StunResponder()
+    yield responder
+    responder.stop()
+
+
+@pytest.fixture(scope="module")
+def configured(start_server: Any, stun: StunResponder) -> Server:
+    ice = [{"urls": stun.url},
+           {"urls": ["turn:turn.example.net:3478?transport=udp"], "username": "alice", "credential": 'p"w',
+            "client_only": True}]
+    return start_server(whep_ice_servers=json.dumps(ice), whep_token=TOKEN, whep_max_sessions="2",
+                        whep_idle_timeout_s="1.5", max_active_streams="1", max_queued_streams="0")
+
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_ice_servers_are_linked_and_used(configured: Server, stun: StunResponder) -> None:
+    async def main() -> None:
+        pc, sdp = await offer_sdp()
+        try:
+            requests_before = stun.requests
+            response = post_offer(configured.url, sdp, headers=AUTH)
+            assert response.status_code == 201, response.text
+            links = response.headers.get_list("link")
+            assert f'<{stun.url}>; rel="ice-server"' in links
+            assert ('<turn:turn.example.net:3478?transport=udp>; rel="ice-server"; username="alice"; '
+                    'credential="p\\"w"; credential-type="password"') in links
+            assert stun.requests > requests_before  # the server gathered with the configured STUN server
+            assert "typ srflx" in response.text
+            assert httpx.delete(f"{configured.url}{response.headers['location']}", headers=AUTH).status_code == 200
+        finally:
+            await pc.close()
+
+    run(main())
+
+
+def test_bearer_token(configured: Server) -> None:
+    async def main() -> None:
+        pc, sdp = await offer_sdp()
+        try:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+                denied = post_offer(configured.url, sdp, headers=headers)
+                assert_error(denied, 401, "unauthorized")
+                assert denied.headers["www-authenticate"].startswith("Bearer")
+            created = post_offer(configured.url, sdp, headers=AUTH)
+            assert created.status_code == 201
+            session = f"{configured.url}{created.headers['location']}"
+            assert_error(httpx.patch(session, content=b"a=end-of-candidates\r\n", headers=FRAG), 401)
+            assert_error(httpx.post(f"{session}/speak", json={"text": "Hi."}), 401)
+            assert_error(httpx.delete(session), 401)
+            assert_error(httpx.get(f"{configured.url}/debug/whep"), 401)
+            assert httpx.options(f"{configured.url}/whep").status_code == 200  # OPTIONS needs no token
+            assert httpx.delete(session, headers=AUTH).status_code == 200
+        finally:
+            await pc.close()
+
+    run(main())
+
+
+def test_over_capacity_is_503_with_retry_after(configured: Server) -> None:
+    async def main() -> None:
+        pcs = [await offer_sdp() for _ in range(3)]
+        locations = []
+        try:
+            for pc, sdp in pcs[:2]:
+                response = post_offer(configured.url, sdp, headers=AUTH)
+                assert response.status_code == 201
+                locations.append(response.headers["location"])
+            full = post_offer(configured.url, pcs[2][1], headers=AUTH)
+            assert_error(full, 503, "too_many_sessions")
+            assert int(full.headers["retry-after"]) >= 1
+            assert httpx.delete(f"{configured.url}{locations.pop()}", headers=AUTH).status_code == 200
+            again = post_offer(configured.url, pcs[2][1], headers=AUTH)
+            assert again.status_code == 201
+            locations.append(again.headers["location"])
+        finally:
+            for location in locations:
+                httpx.delete(f"{configured.url}{location}", headers=AUTH)
+            for pc, _ in pcs:
+                await pc.close()
+
+    run(main())
+
+
+def test_engine_overload_reaches_the_player(configured: Server) -> None:
+    """One engine stream at a time on this server: a second session's request is refused as overloaded."""
+
+    async def main() -> None:
+        first = await WhepPlayer(configured.url, token=TOKEN).start()
+        second = await WhepPlayer(configured.url, token=TOKEN).start()
+        try:
+            first.send({"type": "tts_request", "text": LONG, "request_id": "busy"})
+            await first.event("accepted", "busy")
+            second.send({"type": "tts_request", "text": "Me too.", "request_id": "refused"})
+            error = await second.event("error", "refused")
+            assert error["code"] == "overloaded" and error["retry_after_s"] >= 1
+            async with httpx.AsyncClient(timeout=30, headers=AUTH) as http:
+                speak = await http.post(f"{second.session_url}/speak", json={"text": "Me too."})
+                assert_error(speak, 503, "overloaded")
+                assert int(speak.headers["retry-after"]) >= 1
+        finally:
+            await first.close()
+            await second.close()
+
+    run(main())
+
+
+def test_idle_sessions_are_closed_and_connected_ones_kept(configured: Server) -> None:
+    async def main() -> None:
+        pc, sdp = await offer_sdp()
+        player = None
+        try:
+            closed_before = configured.metric("rtvoice_whep_sessions_closed_total", {"reason": "idle_timeout"})
+            response = post_offer(configured.url, sdp, headers=AUTH)
+            assert response.status_code == 201
+            session = f"{configured.url}{response.headers['location']}"
+            # Never connected, never spoken to: gone after the 1.5 s idle timeout.
+            assert wait_until(lambda: httpx.get(session, headers=AUTH).status_code == 404, 8)
+            assert configured.metric("rtvoice_whep_sessions_closed_total",
+                                     {"reason": "idle_timeout"}) == closed_before + 1
+            # A connected player pulls media all the time: it is not idle.
+            player = await WhepPlayer(configured.url, token=TOKEN).start()
+            await asyncio.sleep(3.0)
+            assert httpx.get(player.session_url, headers=AUTH).status_code == 204
+        finally:
+            await pc.close()
+            if player is not None:
+                await player.close()
+
+    run(main())
+
+
+# -- no leaks ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fresh(start_server: Any) -> Server:
+    """A server of its own, so that what is left after a test is that test's doing."""
+    return start_server(whep_max_sessions="64")
+
+
+def test_fifty_sessions_leave_nothing_behind(fresh: Server) -> None:
+    """50 sessions connect (some speak); 40 are DELETEd, 10 just hang up. Afterwards nothing is left."""
+    server = fresh
+
+    def settled(before: dict[str, Any]) -> bool:
+        now = debug(server.url)
+        return (now["sessions"] == 0 and now["reserved"] == 0 and now["peer_connections_open"] == 0
+                and now["peer_connections_alive"] == 0 and now["session_tasks"] == 0
+                and now["engine_active_streams"] == 0 and now["engine_queued_streams"] == 0
+                and now["loop_tasks"] <= before["loop_tasks"])
+
+    before = debug(server.url)
+    assert before["sessions"] == 0 and before["peer_connections_alive"] == 0
+    created_before = server.metric("rtvoice_whep_sessions_created_total")
+
+    async def one(i: int, http: httpx.AsyncClient) -> None:
+        player = await WhepPlayer(server.url, http=http).start()
+        try:
+            if i % 5 == 0:
+                player.send({"type": "tts_request", "text": LONG})
+                await player.event("audio_start")
+        finally:
+            if i % 5 == 4:
+                await player.close(delete=False)  # hang up without DELETE: the connection's end cleans up
+            else:
+                response = await player.delete()
+                assert response.status_code == 200
+                await player.close(delete=False)
+
+    async def main() -> None:
+        async with httpx.AsyncClient(timeout=30) as http:
+            for batch in range(5):
+                await asyncio.gather(*(one(batch * 10 + i, http) for i in range(10)))
+
+    run(main())
+    assert server.metric("rtvoice_whep_sessions_created_total") == created_before + 50
+    assert wait_until(lambda: settled(before), 20, 0.25), (before, debug(server.url))
+    for gauge in ("rtvoice_whep_sessions", "rtvoice_whep_peer_connections", "rtvoice_whep_tasks"):
+        assert server.metric(gauge) == 0, gauge
+    assert server.metric("rtvoice_active_streams") == 0

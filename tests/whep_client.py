@@ -1,0 +1,213 @@
+"""A WHEP player on aiortc, for the tests and the listener benchmark; and a tiny STUN responder.
+
+The player offers recvonly audio and a DataChannel named "tts", POSTs the offer,
+applies the answer, and logs every decoded audio frame with its arrival time
+and level, so a test can say when speech started and stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+from aioice import stun
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+SPEECH_RMS = 0.01
+"""A decoded frame louder than this is speech; Opus-coded digital silence decodes far below it."""
+
+
+@dataclass
+class Frame:
+    at: float
+    """time.monotonic() when the decoded frame reached the player."""
+    rms: float
+    samples: int
+
+
+@dataclass
+class WhepPlayer:
+    base_url: str
+    token: str | None = None
+    voice: str | None = None
+    datachannel: bool = True
+    http: httpx.AsyncClient | None = None
+    frames: list[Frame] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    location: str | None = None
+    etag: str | None = None
+    response: httpx.Response | None = None
+
+    def __post_init__(self) -> None:
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.channel = None
+        self._own_http = self.http is None
+        self._reader: asyncio.Task[None] | None = None
+        self._event_arrived = asyncio.Event()
+        self._connected = asyncio.Event()
+        self._channel_open = asyncio.Event()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    @property
+    def session_url(self) -> str:
+        assert self.location is not None
+        return httpx.URL(self.base_url).join(self.location).__str__()
+
+    async def offer(self) -> str:
+        """Gather and return the offer SDP (recvonly audio, and the "tts" DataChannel)."""
+        self.pc.addTransceiver("audio", direction="recvonly")
+        if self.datachannel:
+            self.channel = self.pc.createDataChannel("tts")
+            self.channel.on("open", self._channel_open.set)
+            self.channel.on("message", self._on_message)
+        self.pc.on("track", self._on_track)
+        self.pc.on("connectionstatechange", self._on_state)
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        return self.pc.localDescription.sdp
+
+    async def start(self, timeout: float = 20.0) -> WhepPlayer:
+        """Offer, POST, answer, and wait until media (and the DataChannel) are up."""
+        if self.http is None:
+            self.http = httpx.AsyncClient(timeout=timeout)
+        sdp = await self.offer()
+        params = {"voice": self.voice} if self.voice else None
+        response = await self.http.post(f"{self.base_url}/whep", content=sdp, params=params,
+                                        headers={"Content-Type": "application/sdp", **self.headers})
+        self.response = response
+        if response.status_code != 201:
+            raise RuntimeError(f"POST /whep answered {response.status_code}: {response.text}")
+        self.location = response.headers["location"]
+        self.etag = response.headers.get("etag")
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=response.text, type="answer"))
+        await asyncio.wait_for(self._connected.wait(), timeout)
+        if self.channel is not None:
+            await asyncio.wait_for(self._channel_open.wait(), timeout)
+        return self
+
+    # -- media and events -------------------------------------------------------------------------
+
+    def _on_state(self) -> None:
+        if self.pc.connectionState == "connected":
+            self._connected.set()
+
+    def _on_track(self, track: Any) -> None:
+        if track.kind == "audio":
+            self._reader = asyncio.ensure_future(self._read(track))
+
+    async def _read(self, track: Any) -> None:
+        try:
+            while True:
+                frame = await track.recv()
+                pcm = frame.to_ndarray().astype(np.float32) / 32768.0
+                self.frames.append(Frame(time.monotonic(), float(np.sqrt(np.mean(pcm * pcm))), frame.samples))
+        except (MediaStreamError, asyncio.CancelledError):
+            pass
+
+    def _on_message(self, data: str | bytes) -> None:
+        self.events.append(json.loads(data))
+        self._event_arrived.set()
+
+    def send(self, message: dict[str, Any] | str) -> float:
+        """Send on the DataChannel; returns the monotonic time it left."""
+        assert self.channel is not None
+        self.channel.send(message if isinstance(message, str) else json.dumps(message))
+        return time.monotonic()
+
+    async def event(self, kind: str, request_id: str | None = None, timeout: float = 30.0,
+                    start: int = 0) -> dict[str, Any]:
+        """The first event of ``kind`` (for ``request_id``) from index ``start`` on, waiting for it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for item in self.events[start:]:
+                if item.get("type") == kind and (request_id is None or item.get("request_id") == request_id):
+                    return item
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no {kind!r} event; got {self.events}")
+            self._event_arrived.clear()
+            try:
+                await asyncio.wait_for(self._event_arrived.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    def first_speech_after(self, t: float, threshold: float = SPEECH_RMS) -> Frame | None:
+        return next((f for f in self.frames if f.at >= t and f.rms > threshold), None)
+
+    async def wait_for_speech(self, after: float, timeout: float = 20.0) -> Frame:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            frame = self.first_speech_after(after)
+            if frame is not None:
+                return frame
+            await asyncio.sleep(0.01)
+        raise TimeoutError(f"no speech within {timeout} s ({len(self.frames)} frames received)")
+
+    def frames_between(self, start: float, end: float) -> list[Frame]:
+        return [f for f in self.frames if start <= f.at < end]
+
+    # -- ending -----------------------------------------------------------------------------------
+
+    async def delete(self) -> httpx.Response:
+        assert self.http is not None
+        return await self.http.delete(self.session_url, headers=self.headers)
+
+    async def close(self, delete: bool = True) -> None:
+        try:
+            if delete and self.location is not None and self.http is not None:
+                await self.delete()
+        finally:
+            await self.pc.close()
+            if self._reader is not None:
+                self._reader.cancel()
+            if self._own_http and self.http is not None:
+                await self.http.aclose()
+
+
+class StunResponder:
+    """Answers STUN Binding requests on a loopback UDP port (a stand-in for a STUN server), in a thread."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((host, 0))
+        self.sock.settimeout(0.2)
+        self.address = self.sock.getsockname()
+        self.requests = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"stun:{self.address[0]}:{self.address[1]}"
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data, addr = self.sock.recvfrom(2048)
+            except OSError:
+                continue
+            try:
+                request = stun.parse_message(data)
+            except ValueError:
+                continue
+            if request.message_method == stun.Method.BINDING and request.message_class == stun.Class.REQUEST:
+                self.requests += 1
+                response = stun.Message(stun.Method.BINDING, stun.Class.RESPONSE, request.transaction_id)
+                response.attributes["XOR-MAPPED-ADDRESS"] = addr
+                self.sock.sendto(bytes(response), addr)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.sock.close()
