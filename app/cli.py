@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 from engine.audio.encoding import wav_header
@@ -21,6 +22,19 @@ def serve(args: argparse.Namespace) -> None:
     overrides = {k: v for k, v in {"host": args.host, "port": args.port, "voices_dir": args.voices_dir,
                                    "default_voice": args.voice}.items() if v is not None}
     settings = Settings(**overrides)
+    if settings.cosyvoice_dir is not None:
+        from engine.models.cosyvoice2.files import CosyVoiceDirError, check_model_dir
+
+        try:  # fail now, not after the server is up and /readyz waits forever
+            check_model_dir(settings.cosyvoice_dir)
+        except CosyVoiceDirError as error:
+            print(f"rtvoice: {error}", file=sys.stderr)
+            sys.exit(2)
+        missing = [name for name in ("torch", "transformers", "kaldi_native_fbank") if find_spec(name) is None]
+        if missing:
+            print(f"rtvoice: RTVOICE_COSYVOICE_DIR is set but {', '.join(missing)} is not installed; install with: "
+                  "pip install torch==2.13.0 && pip install -e '.[cosyvoice]'", file=sys.stderr)
+            sys.exit(2)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
 
 

@@ -1,4 +1,11 @@
-"""CosyVoice's FastAPI form API: ``/inference_sft`` (GET and POST, form fields or query parameters).
+"""CosyVoice's FastAPI form API (GET and POST, form fields or query parameters), and voice registration.
+
+- ``/inference_sft``: any voice by id (Piper, a CosyVoice2 ``spk2info`` speaker, a registered voice);
+- ``/inference_zero_shot``, ``/inference_cross_lingual``, ``/inference_instruct2``: CosyVoice2 with
+  the prompt recording (``prompt_wav``, an uploaded file) of the request, fields as in CosyVoice's
+  own FastAPI server;
+- ``POST /v1/voices`` registers a zero-shot voice (kept on disk, usable by id on every route),
+  ``GET``/``DELETE /v1/voices/{id}``.
 
 CosyVoice's own server streams headerless int16 PCM; here the default is a
 streaming WAV (header first, sizes 'unknown') and ``format=pcm`` gives the raw
@@ -7,17 +14,21 @@ samples its clients expect. The sample rate is also in ``X-Sample-Rate``.
 
 from __future__ import annotations
 
-from typing import Literal
+import asyncio
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.datastructures import UploadFile
 
 from app.errors import error_response, validation_error_response
 from app.state import engine_of
 from app.streaming import audio_body
 from engine.audio.encoding import FORMATS, create_encoder
-from engine.models.base import SynthesisOptions
+from engine.engine import Engine
+from engine.errors import InvalidRequest, ModelNotLoaded
+from engine.models.base import SynthesisOptions, Voice
 
 router = APIRouter(tags=["CosyVoice"])
 
@@ -33,14 +44,23 @@ class SftForm(BaseModel):
     seed: int | None = Field(None, description="Makes the voice's random draws reproducible.")
 
 
-async def read_fields(request: Request) -> dict[str, str]:
-    """Query parameters and form fields together (CosyVoice's client sends a form even with GET)."""
+async def read_form(request: Request) -> tuple[dict[str, str], dict[str, UploadFile]]:
+    """Query parameters and form fields together (CosyVoice's client sends a form even with GET), and uploaded files."""
     fields: dict[str, str] = dict(request.query_params)
+    files: dict[str, UploadFile] = {}
     content_type = request.headers.get("content-type", "")
     if content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
         form = await request.form()
-        fields.update({key: value for key, value in form.items() if isinstance(value, str)})
-    return fields
+        for key, value in form.items():
+            if isinstance(value, str):
+                fields[key] = value
+            else:
+                files[key] = value
+    return fields, files
+
+
+async def read_fields(request: Request) -> dict[str, str]:
+    return (await read_form(request))[0]
 
 
 _SFT_DOC = {"requestBody": {"content": {
@@ -75,3 +95,233 @@ async def inference_sft(request: Request) -> Response:
     encoder = create_encoder(form.format, rate)
     return StreamingResponse(audio_body(stream, encoder), media_type=encoder.content_type,
                              headers={"X-Sample-Rate": str(rate), "X-Voice": voice.info.id})
+
+
+# -- CosyVoice2 with a prompt recording -------------------------------------------------------------
+
+class PromptForm(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    tts_text: str = Field(description="The text to speak.")
+    format: Literal["wav", "pcm"] = Field("wav", description="wav: streaming WAV; pcm: raw int16 samples.")
+    sample_rate: int | None = Field(None, description="Output rate; 24000 (the model's own) when omitted.")
+    speed: float = Field(1.0, description="CosyVoice2 streams at 1.0 only.")
+    seed: int | None = Field(None, description="Makes sampling and the vocoder's noise reproducible.")
+
+
+class ZeroShotForm(PromptForm):
+    prompt_text: str = Field(description="What is said in prompt_wav.")
+
+
+class CrossLingualForm(PromptForm):
+    pass
+
+
+class Instruct2Form(PromptForm):
+    instruct_text: str = Field(description="How to speak (e.g. 'Speak cheerfully.'); '<|endofprompt|>' is appended.")
+
+
+_PROMPT_WAV = {"type": "string", "format": "binary", "description": "The voice to copy: any audio file PyAV "
+               "decodes, 0.5 to 30 s, at least 16 kHz."}
+
+
+def _multipart_doc(form: type[BaseModel], files: tuple[str, ...] = ("prompt_wav",)) -> dict[str, Any]:
+    schema = form.model_json_schema()
+    schema = {**schema, "properties": {**schema.get("properties", {}), **{name: _PROMPT_WAV for name in files}},
+              "required": [*schema.get("required", []), *files]}
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
+
+
+async def _form(request: Request, model: type[BaseModel]) -> tuple[Any, dict[str, UploadFile]] | Response:
+    try:
+        fields, files = await read_form(request)
+    except Exception as error:  # python-multipart's errors for a broken body
+        return error_response(400, f"malformed form body: {error}", code="invalid_form")
+    try:
+        return model.model_validate(fields), files
+    except ValidationError as error:
+        return validation_error_response(error)
+
+
+def _cloning_service(engine: Engine) -> Any:
+    service = engine.cosyvoice
+    if not service.frontend.can_clone:
+        raise ModelNotLoaded(
+            f"the CosyVoice2 directory {service.model_dir} lacks speech_tokenizer_v2.onnx or campplus.onnx: "
+            "prompt recordings cannot be used", code="frontend_not_loaded",
+        )
+    return service
+
+
+async def _upload(files: dict[str, UploadFile], name: str = "prompt_wav") -> bytes:
+    upload = files.get(name)
+    if upload is None:
+        raise InvalidRequest(f"'{name}' is required: upload the prompt recording as a file", code="missing_file",
+                             param=name)
+    from engine.models.cosyvoice2.frontend import MAX_UPLOAD_BYTES
+
+    return await upload.read(MAX_UPLOAD_BYTES + 1)  # one byte over the limit is enough to refuse it
+
+
+def _check_speed(form: PromptForm) -> None:
+    if form.speed != 1.0:
+        raise InvalidRequest("CosyVoice2 voices speak at speed 1.0 only", code="invalid_value", param="speed")
+
+
+async def _prompt_route(request: Request, model: type[PromptForm], mode: str) -> Response:
+    parsed = await _form(request, model)
+    if isinstance(parsed, Response):
+        return parsed
+    form, files = parsed
+    engine = engine_of(request)
+    service = _cloning_service(engine)
+    engine.check_text(form.tts_text, "tts_text")
+    instructions = None
+    if isinstance(form, ZeroShotForm):
+        engine.check_text(form.prompt_text, "prompt_text")
+    if isinstance(form, Instruct2Form):
+        engine.check_text(form.instruct_text, "instruct_text")
+        instructions = form.instruct_text
+    engine.check_sample_rate(form.sample_rate)
+    _check_speed(form)
+    data = await _upload(files)
+    prompt_text = form.prompt_text if isinstance(form, ZeroShotForm) else ""
+
+    def features() -> Any:
+        return service.prompt_features(service.prompt_audio(data), prompt_text)
+
+    # Decoding, the speech tokenizer and CAM++ take tens to hundreds of ms: off the event loop.
+    prompt = await asyncio.get_running_loop().run_in_executor(None, features)
+    voice = service.prompt_voice(prompt, mode, instructions)
+    return _stream_response(engine, voice, form)
+
+
+def _stream_response(engine: Engine, voice: Voice, form: PromptForm) -> Response:
+    rate = form.sample_rate or voice.info.sample_rate
+    stream = engine.open_stream(voice, SynthesisOptions(seed=form.seed), rate, text=form.tts_text)
+    encoder = create_encoder(form.format, rate)
+    return StreamingResponse(audio_body(stream, encoder), media_type=encoder.content_type,
+                             headers={"X-Sample-Rate": str(rate), "X-Voice": voice.info.id})
+
+
+@router.get("/inference_zero_shot", response_class=StreamingResponse, operation_id="inference_zero_shot_get",
+            openapi_extra=_multipart_doc(ZeroShotForm), responses=_AUDIO_RESPONSES)
+@router.post("/inference_zero_shot", response_class=StreamingResponse, operation_id="inference_zero_shot",
+             openapi_extra=_multipart_doc(ZeroShotForm), responses=_AUDIO_RESPONSES)
+async def inference_zero_shot(request: Request) -> Response:
+    """CosyVoice2 zero-shot: speak ``tts_text`` in the voice of ``prompt_wav``, whose words are ``prompt_text``."""
+    return await _prompt_route(request, ZeroShotForm, "zero_shot")
+
+
+@router.get("/inference_cross_lingual", response_class=StreamingResponse,
+            operation_id="inference_cross_lingual_get", openapi_extra=_multipart_doc(CrossLingualForm),
+            responses=_AUDIO_RESPONSES)
+@router.post("/inference_cross_lingual", response_class=StreamingResponse, operation_id="inference_cross_lingual",
+             openapi_extra=_multipart_doc(CrossLingualForm), responses=_AUDIO_RESPONSES)
+async def inference_cross_lingual(request: Request) -> Response:
+    """CosyVoice2 cross-lingual: the voice of ``prompt_wav`` (no transcript; any language) speaks ``tts_text``."""
+    return await _prompt_route(request, CrossLingualForm, "cross_lingual")
+
+
+@router.get("/inference_instruct2", response_class=StreamingResponse, operation_id="inference_instruct2_get",
+            openapi_extra=_multipart_doc(Instruct2Form), responses=_AUDIO_RESPONSES)
+@router.post("/inference_instruct2", response_class=StreamingResponse, operation_id="inference_instruct2",
+             openapi_extra=_multipart_doc(Instruct2Form), responses=_AUDIO_RESPONSES)
+async def inference_instruct2(request: Request) -> Response:
+    """CosyVoice2 instruct2: the voice of ``prompt_wav`` speaks ``tts_text`` as ``instruct_text`` says."""
+    return await _prompt_route(request, Instruct2Form, "instruct2")
+
+
+# -- registered voices ------------------------------------------------------------------------------
+
+class RegisterForm(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    voice_id: str = Field(description="The new voice's id: letters, digits, '_', '.', '-' (at most 64).")
+    prompt_text: str = Field(description="What is said in prompt_wav.")
+    name: str | None = Field(None, description="A display name; the id when omitted.")
+    language: str = Field("mul", description="ISO 639 code of the voice's usual language; 'mul' for several.")
+    description: str = ""
+
+
+def _voice_json(voice: Voice) -> dict[str, Any]:
+    body: dict[str, Any] = dict(voice.info.__dict__)
+    features = getattr(voice, "features", None)
+    if getattr(voice, "source", "") == "registered" and features is not None:
+        body["prompt_text"] = features.prompt_text
+    return body
+
+
+@router.post("/v1/voices", status_code=201, tags=["Voices"], openapi_extra=_multipart_doc(RegisterForm),
+             responses={201: {"description": "The new voice."}, 409: {"description": "The id is taken."}})
+async def register_voice(request: Request) -> Response:
+    """Register a CosyVoice2 zero-shot voice from a recording and its transcript; kept across restarts."""
+    parsed = await _form(request, RegisterForm)
+    if isinstance(parsed, Response):
+        return parsed
+    form, files = parsed
+    engine = engine_of(request)
+    service = _cloning_service(engine)
+    from engine.models.cosyvoice2.voice_store import valid_voice_id  # torch: only with a model loaded
+
+    if not valid_voice_id(form.voice_id):
+        raise InvalidRequest("'voice_id' may hold letters, digits, '_', '.' and '-' (at most 64, starting with a "
+                             "letter or digit)", code="invalid_voice_id", param="voice_id")
+    if form.voice_id in engine.voices:
+        return error_response(409, f"voice {form.voice_id!r} exists", code="voice_exists", param="voice_id")
+    engine.check_text(form.prompt_text, "prompt_text")
+    data = await _upload(files)
+    loop = asyncio.get_running_loop()
+    prompt = await loop.run_in_executor(
+        None, lambda: service.prompt_features(service.prompt_audio(data), form.prompt_text))
+    if form.voice_id in engine.voices:  # registered by another request meanwhile
+        return error_response(409, f"voice {form.voice_id!r} exists", code="voice_exists", param="voice_id")
+    try:
+        voice = await loop.run_in_executor(None, lambda: service.register(
+            form.voice_id, prompt, name=form.name or "", language=form.language, description=form.description))
+    except OSError as error:
+        return error_response(500, f"could not save the voice: {error}", "server_error", "voice_not_saved")
+    if form.voice_id in engine.voices:
+        return error_response(409, f"voice {form.voice_id!r} exists", code="voice_exists", param="voice_id")
+    engine.voices.add(voice)
+    return JSONResponse(_voice_json(voice), status_code=201, headers={"Location": f"/v1/voices/{voice.info.id}"})
+
+
+@router.get("/v1/voices", tags=["Voices"])
+async def list_voices(request: Request) -> JSONResponse:
+    """Every voice (as /voices)."""
+    engine = engine_of(request)
+    return JSONResponse({"voices": [_voice_json(engine.voices.resolve(voice_id)) for voice_id in engine.voices.ids()]})
+
+
+def _voice_or_404(engine: Engine, voice_id: str) -> Voice | Response:
+    voice = engine.voices.get(voice_id)
+    if voice is None:
+        return error_response(404, f"no voice {voice_id!r}", code="voice_not_found", param="voice_id")
+    return voice
+
+
+@router.get("/v1/voices/{voice_id}", tags=["Voices"])
+async def get_voice(request: Request, voice_id: str) -> Response:
+    voice = _voice_or_404(engine_of(request), voice_id)
+    return voice if isinstance(voice, Response) else JSONResponse(_voice_json(voice))
+
+
+@router.delete("/v1/voices/{voice_id}", status_code=204, tags=["Voices"])
+async def delete_voice(request: Request, voice_id: str) -> Response:
+    """Delete a registered voice (streams already speaking with it finish)."""
+    engine = engine_of(request)
+    service = engine.cosyvoice
+    voice = _voice_or_404(engine, voice_id)
+    if isinstance(voice, Response):
+        return voice
+    if getattr(voice, "source", "") != "registered":
+        return error_response(409, f"voice {voice_id!r} is not a registered voice and cannot be deleted",
+                              code="voice_not_deletable", param="voice_id")
+    try:
+        engine.voices.remove(voice_id)
+    except ValueError as error:
+        return error_response(409, f"{error}; change the server's settings first", code="voice_in_use",
+                              param="voice_id")
+    await asyncio.get_running_loop().run_in_executor(None, service.unregister, voice_id)
+    return Response(status_code=204)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from engine.audio.resample import SUPPORTED_SAMPLE_RATES
-from engine.errors import InvalidRequest
+from engine.errors import InvalidRequest, ModelNotLoaded
 from engine.metrics import Metrics
 from engine.models.base import SynthesisOptions, Voice, VoiceInfo
 from engine.runner import ModelRunner
@@ -20,6 +21,9 @@ from engine.settings import Settings
 from engine.stream import SpeechStream
 from engine.text import Segmenter, is_speakable
 from engine.voices import VoiceRegistry
+
+if TYPE_CHECKING:
+    from engine.models.cosyvoice2.service import CosyVoice2Service
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,17 @@ class Engine:
 
     def resolve_voice(self, name: str | None, param: str = "voice") -> Voice:
         return self.voices.resolve(name, param)
+
+    @property
+    def cosyvoice(self) -> CosyVoice2Service:
+        """The loaded CosyVoice2 model; ModelNotLoaded (503) when the server runs without one."""
+        service = self.voices.cosyvoice
+        if service is None:
+            raise ModelNotLoaded(
+                "no CosyVoice2 model is loaded on this server; start it with RTVOICE_COSYVOICE_DIR set to a "
+                "CosyVoice2 model directory", code="model_not_loaded",
+            )
+        return service
 
     # -- requests ---------------------------------------------------------------------------------
 

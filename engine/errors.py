@@ -36,6 +36,13 @@ class Overloaded(EngineError):
         self.retry_after_s = retry_after_s
 
 
+class ModelNotLoaded(EngineError):
+    """A route needs a model this server did not load (e.g. CosyVoice2 without RTVOICE_COSYVOICE_DIR)."""
+
+    status = 503
+    type = "server_error"
+
+
 class StreamFailed(EngineError):
     status = 500
     type = "server_error"

@@ -6,9 +6,10 @@ Every field reads from the environment with the ``RTVOICE_`` prefix (and from a
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 OPENAI_VOICE_NAMES = (
@@ -84,3 +85,31 @@ class Settings(BaseSettings):
     """Bearer token required on every WHEP request (``Authorization: Bearer ...``); empty means none."""
     whep_max_pending_requests: int = 8
     """Utterances one session may have playing or queued; past this a request is refused (queue_full)."""
+
+    # --- CosyVoice2 (engine/models/cosyvoice2) ----------------------------------------------------
+    cosyvoice_dir: Path | None = None
+    """A CosyVoice2 model directory (e.g. CosyVoice2-0.5B); when set, it loads beside the Piper voices.
+
+    Needs the ``cosyvoice`` extra (torch, transformers, ...). Its ``spk2info.pt`` speakers become voices
+    ``cosyvoice2-<speaker>``; with ``speech_tokenizer_v2.onnx`` and ``campplus.onnx`` present, the
+    zero-shot, cross-lingual and instruct2 routes and voice registration work too.
+    """
+    data_dir: Path = Field(default_factory=lambda: Path(
+        os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "rtvoice")
+    """Where rtvoice keeps what it writes (registered voices); never inside a model directory."""
+    cosyvoice_voices_dir: Path | None = None
+    """Registered CosyVoice2 voices (``<id>.pt`` each); empty means ``<data_dir>/voices``."""
+    cosyvoice_threads: int = 1
+    """torch threads inside one CosyVoice2 call (``torch.set_num_threads``); runner threads run calls side by side."""
+    cosyvoice_device: str = "cpu"
+    """torch device for CosyVoice2: ``cpu``, ``cuda``, ``cuda:N``, or ``auto`` (cuda when available)."""
+
+    @field_validator("cosyvoice_dir", "cosyvoice_voices_dir", mode="before")
+    @classmethod
+    def _empty_path_is_unset(cls, value: object) -> object:
+        # ``RTVOICE_COSYVOICE_DIR=`` (as in a copied .env) means "not set", not the working directory.
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @property
+    def cosyvoice_voices_path(self) -> Path:
+        return self.cosyvoice_voices_dir or self.data_dir / "voices"

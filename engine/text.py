@@ -40,11 +40,17 @@ _SENTENCE_END = re.compile(r"([.!?]+[\"')\]]*|[\u3002\uff01\uff1f]+)(\s+|$)|\n\s
 _CLAUSE_END = re.compile(r"[,;:\u3001\uff0c\uff1b](\s+|$)")
 
 
+def english_rules(language: str) -> bool:
+    """English conventions (abbreviations, money) apply to English and to multilingual ("mul") voices."""
+    language = language.lower()
+    return language.startswith("en") or language == "mul"
+
+
 def normalize(text: str, language: str = "en") -> str:
     """Clean ``text`` for a phonemiser: unicode, whitespace, and English conventions."""
     text = unicodedata.normalize("NFC", text).translate(_TRANSLATE)
     text = _CONTROL.sub(" ", text).replace("\r\n", "\n").replace("\r", "\n")
-    if language.lower().startswith("en"):
+    if english_rules(language):
         text = _LATIN_PATTERN.sub(lambda m: _LATIN[m.group(1).lower()], text)
         text = _NUMBER_ABBREVIATION.sub("number", text)
         text = _ABBREVIATION.sub(lambda m: _ENGLISH_ABBREVIATIONS[m.group(1).lower()], text)
@@ -131,7 +137,7 @@ class Segmenter:
         return None
 
     def _ends_with_abbreviation(self, dot: int) -> bool:
-        if not self.language.lower().startswith("en"):
+        if not english_rules(self.language):
             return False
         word = re.search(r"([A-Za-z][A-Za-z.]*)$", self.buffer[:dot])
         if word is None:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.errors import UnknownVoice
 from engine.models.base import Voice, VoiceInfo
 from engine.models.piper.voice import ChunkPlan, PiperVoice
 from engine.settings import OPENAI_VOICE_NAMES, Settings
+
+if TYPE_CHECKING:
+    from engine.models.cosyvoice2.service import CosyVoice2Service
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,8 @@ class VoiceRegistry:
         self.default_id = default_voice or voices[0].info.id
         if self.default_id not in self._voices:
             raise UnknownVoice(self.default_id, list(self._voices))
+        self.cosyvoice: CosyVoice2Service | None = None
+        """The loaded CosyVoice2 model, when ``cosyvoice_dir`` is set."""
         self._aliases = {name: self.default_id for name in OPENAI_VOICE_NAMES}
         self._aliases.update(aliases or {})
         for alias, target in self._aliases.items():
@@ -56,10 +62,31 @@ class VoiceRegistry:
         for path in piper_voice_paths(settings):
             log.info("loading voice %s", path)
             voices.append(PiperVoice(path, plan=plan, intra_op_threads=settings.intra_op_threads))
-        return cls(voices, settings.default_voice, settings.openai_voice_map)
+        cosyvoice = load_cosyvoice(settings) if settings.cosyvoice_dir is not None else None
+        if cosyvoice is not None:
+            for voice in cosyvoice.voices():
+                if any(v.info.id == voice.info.id for v in voices):
+                    log.warning("voice id %s is taken; skipping the CosyVoice2 voice of that name", voice.info.id)
+                else:
+                    voices.append(voice)
+        registry = cls(voices, settings.default_voice, settings.openai_voice_map)
+        registry.cosyvoice = cosyvoice
+        return registry
 
     def add(self, voice: Voice) -> None:
         self._voices[voice.info.id] = voice
+
+    def remove(self, voice_id: str) -> Voice:
+        """Take a voice out (e.g. a deleted registered voice); the default voice and alias targets stay."""
+        if voice_id == self.default_id or voice_id in self._aliases.values():
+            raise ValueError(f"voice {voice_id!r} is the default voice or an alias target")
+        return self._voices.pop(voice_id)
+
+    def __contains__(self, voice_id: object) -> bool:
+        return voice_id in self._voices or voice_id in self._aliases
+
+    def get(self, voice_id: str) -> Voice | None:
+        return self._voices.get(voice_id)
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -84,3 +111,17 @@ class VoiceRegistry:
     def warmup(self) -> None:
         for voice in self._voices.values():
             voice.warmup()
+
+
+def load_cosyvoice(settings: Settings) -> CosyVoice2Service:
+    """The CosyVoice2 model of ``settings.cosyvoice_dir`` (torch and transformers needed only then)."""
+    assert settings.cosyvoice_dir is not None
+    try:
+        from engine.models.cosyvoice2.service import CosyVoice2Service
+    except ImportError as error:
+        raise RuntimeError(
+            f"RTVOICE_COSYVOICE_DIR is set but CosyVoice2's dependencies are missing ({error}); "
+            "install them with: pip install torch==2.13.0 && pip install -e '.[cosyvoice]'"
+        ) from error
+    return CosyVoice2Service.load(settings.cosyvoice_dir, settings.cosyvoice_voices_path,
+                                  device=settings.cosyvoice_device, threads=settings.cosyvoice_threads)

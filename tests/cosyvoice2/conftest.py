@@ -85,3 +85,20 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     width = max(len(k) for k in PARITY_ERRORS)
     for name, err in PARITY_ERRORS.items():
         terminalreporter.write_line(f"{name:<{width}}  {err:.3e}")
+
+
+@pytest.fixture(scope="session")
+def serving_model_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture's files symlinked, plus stand-in speech tokenizer / CAM++ ONNX models and a spk2info.pt
+    (see ``standins.py``: they stand in for weights we cannot download, not for code under test)."""
+    from tests.cosyvoice2.standins import serving_model_dir as build
+
+    return build(model_dir, tmp_path_factory.mktemp("cosyvoice2-serving") / "model")
+
+
+@pytest.fixture(scope="session")
+def serving_service(serving_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A CosyVoice2Service on the serving directory (its own model instance), voices in a temp dir."""
+    from engine.models.cosyvoice2.service import CosyVoice2Service
+
+    return CosyVoice2Service.load(serving_model_dir, tmp_path_factory.mktemp("cosyvoice2-voices"))

@@ -43,6 +43,7 @@ class FlowPrompt:
 def _cross_fade(head: torch.Tensor, previous_tail: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
     """Blend the first ``len(window) // 2`` samples of ``head`` with ``previous_tail``."""
     n = window.shape[0] // 2
+    window = window.to(head.device)  # a no-op on the CPU; the model may run on a GPU
     out = head.clone()
     # in float64 like the reference, whose window is a numpy array
     blended = head[..., :n].double() * window[:n] + previous_tail[..., -n:].double() * window[n:]

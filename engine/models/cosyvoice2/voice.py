@@ -1,0 +1,255 @@
+"""CosyVoice2 voices on the scheduler's interface: LM steps and token-to-wave chunks.
+
+A segment is one LM run and one token-to-wave stream. Its first ``lm`` step is the prefill (the
+prompt through the backbone, then the first token); each later ``lm`` step decodes one token. Tokens
+go to the segment's :class:`~engine.models.cosyvoice2.token2wav.Token2WavStream` as they come, and
+as soon as it holds a chunk's worth (its hop schedule: the first hop padded so the prompt plus the
+hop fill whole flow chunks, then doubling) the session's next step is a ``token2wav`` chunk instead
+of the next token; once the LM stops, the final chunk flushes the rest. The next segment starts
+when this one's audio is complete.
+
+Every voice of one loaded model (spk2info speakers, registered voices, the one-off voice of a
+zero-shot request) shares its weights: batch keys name the model, not the voice, and every payload
+carries its stream's own state and prompt, so steps of different speakers share a call. A session
+holds all per-request state: the LM stream (KV cache, tokens), the token-to-wave stream (hop,
+caches) and two private generators seeded from the request's seed (sampling; HiFT's source).
+
+Modes (the LM and flow inputs, as the reference front end builds them):
+
+=============  ===========================================  ====================================
+mode           LM: prompt text ids, prompt speech tokens    flow: prompt tokens, prompt mel, x-vector
+=============  ===========================================  ====================================
+sft            -, -                                         -, -, speaker embedding
+zero_shot      prompt text, prompt tokens                   prompt tokens, prompt mel, embedding
+cross_lingual  -, -                                         prompt tokens, prompt mel, embedding
+instruct2      instruction + ``<|endofprompt|>``, -          prompt tokens, prompt mel, embedding
+=============  ===========================================  ====================================
+
+A request's ``instructions`` (OpenAI's field) switch any voice to instruct2 with them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import torch
+
+from engine.models.base import Step, SynthesisOptions, Voice, VoiceInfo, VoiceSession
+
+from .frontend import END_OF_PROMPT, PromptFeatures, ids_tensor, normalize_segment
+from .llm import LMStream
+from .sampling import new_generator
+from .token2wav import FlowPrompt, Token2WavStream
+
+if TYPE_CHECKING:
+    from .service import CosyVoice2Service
+
+Mode = Literal["sft", "zero_shot", "cross_lingual", "instruct2"]
+MODES: tuple[Mode, ...] = ("sft", "zero_shot", "cross_lingual", "instruct2")
+
+MIN_TOKEN_TEXT_RATIO = 2.0
+MAX_TOKEN_TEXT_RATIO = 20.0
+"""The LM makes between 2 and 20 speech tokens per text token (the reference's bounds)."""
+
+
+def instruction_text(instructions: str) -> str:
+    """An instruct2 prompt: the instruction ending in ``<|endofprompt|>`` (added when missing)."""
+    text = instructions.strip()
+    return text if text.endswith(END_OF_PROMPT) else text + END_OF_PROMPT
+
+
+@dataclass(frozen=True)
+class LMPrompt:
+    text_ids: torch.Tensor
+    """[1, P] text ids before the segment's text (prompt text or instruction)."""
+    speech_tokens: torch.Tensor
+    """[1, S] speech tokens after the task id (zero-shot's prompt tokens)."""
+
+
+# -- payloads and results -------------------------------------------------------------------------
+
+@dataclass
+class PrefillJob:
+    text_ids: torch.Tensor
+    prompt: LMPrompt
+    generator: torch.Generator
+    max_tokens: int
+    """Cap on tokens so that prompt + speech fit the flow's fixed noise."""
+
+
+@dataclass
+class DecodeJob:
+    stream: LMStream
+
+
+@dataclass
+class LMResult:
+    stream: LMStream
+    token: int | None
+    """The new token, or None when the LM stopped (a stop token, or no text to speak)."""
+
+
+@dataclass
+class Token2WavJob:
+    stream: Token2WavStream
+
+
+@dataclass
+class _Segment:
+    text: str
+    text_ids: list[int]
+    lm: LMStream | None = None
+    t2w: Token2WavStream | None = None
+    chunks: int = 0
+
+
+# -- the voice ------------------------------------------------------------------------------------
+
+class CosyVoice2Voice(Voice):
+    """One speaker of a loaded CosyVoice2 model, in one mode."""
+
+    def __init__(self, service: CosyVoice2Service, info: VoiceInfo, features: PromptFeatures,
+                 mode: Mode | None = None, instructions: str | None = None, source: str = "") -> None:
+        self.service = service
+        self.info = info
+        self.features = features
+        has_prompt_speech = features.speech_tokens.shape[1] > 0
+        # By default: zero-shot with a transcribed prompt, cross-lingual without a transcript, sft without speech.
+        default: Mode = "sft"
+        if has_prompt_speech:
+            default = "zero_shot" if features.prompt_text_ids is not None else "cross_lingual"
+        self.mode: Mode = mode or default
+        if self.mode not in MODES:
+            raise ValueError(f"unknown CosyVoice2 mode {self.mode!r}")
+        if self.mode == "instruct2" and not instructions:
+            raise ValueError("instruct2 needs an instruction")
+        if self.mode == "zero_shot" and (not has_prompt_speech or features.prompt_text_ids is None):
+            raise ValueError("zero-shot needs prompt speech and its transcript")
+        self.instructions = instructions
+        self.source = source
+        """Where the voice came from: 'spk2info', 'registered', or 'request' (a one-off prompt)."""
+        device = service.device
+        self.flow_prompt = FlowPrompt(
+            tokens=features.speech_tokens.to(device),
+            feat=features.speech_feat.to(device),
+            embedding=features.embedding.to(device),
+        )
+        self.lm_prompt = self._lm_prompt(self.mode, instructions)
+
+    def _lm_prompt(self, mode: Mode, instructions: str | None) -> LMPrompt:
+        device = self.service.device
+        empty = torch.zeros(1, 0, dtype=torch.int32, device=device)
+        if mode == "zero_shot":
+            assert self.features.prompt_text_ids is not None
+            return LMPrompt(self.features.prompt_text_ids.to(device), self.features.speech_tokens.to(device))
+        if mode == "instruct2":
+            assert instructions is not None
+            return LMPrompt(ids_tensor(self.service.frontend.text_ids(instruction_text(instructions)), device), empty)
+        return LMPrompt(empty, empty)  # sft, cross_lingual: the LM sees only the text to speak
+
+    @property
+    def model_key(self) -> str:
+        return self.service.model_key
+
+    def open_session(self, options: SynthesisOptions) -> CosyVoice2Session:
+        self.validate(options)
+        lm_prompt = self.lm_prompt
+        if options.instructions and options.instructions.strip():
+            lm_prompt = self._lm_prompt("instruct2", options.instructions)
+        return CosyVoice2Session(self, options, lm_prompt)
+
+    def validate(self, options: SynthesisOptions) -> None:
+        if options.speed != 1.0:
+            # The reference changes speed by stretching the mel of a whole utterance, which its
+            # streaming mode refuses too; every CosyVoice2 stream here is streamed.
+            raise ValueError("CosyVoice2 voices speak at speed 1.0 only")
+
+    # LM steps of many streams share a call (forward_step takes a list); token2wav chunks run
+    # one at a time until the flow is batched.
+    BATCH_LIMITS = {"lm": 1 << 16, "token2wav": 1}
+
+    def max_batch(self, kind: str) -> int:
+        return self.BATCH_LIMITS.get(kind, 1)
+
+    def run(self, kind: str, payloads: list[Any]) -> list[Any]:
+        # Any voice of the model runs any payload of the model: payloads carry their own prompts.
+        return self.service.run(kind, payloads)
+
+    def warmup(self) -> None:
+        self.service.warmup()
+
+
+class CosyVoice2Session(VoiceSession):
+    def __init__(self, voice: CosyVoice2Voice, options: SynthesisOptions, lm_prompt: LMPrompt) -> None:
+        self.voice = voice
+        self.service = voice.service
+        self.lm_prompt = lm_prompt
+        device = self.service.device
+        # One generator for token sampling and one for HiFT's source: the tokens do not depend on
+        # how chunks interleave with decode steps. Seeded from the request's seed when it has one.
+        self.lm_generator = new_generator(options.seed, device=device)
+        self.vocoder_generator = new_generator(None if options.seed is None else options.seed + 1, device=device)
+        self.pending: deque[_Segment] = deque()
+        self.current: _Segment | None = None
+        # The flow takes prompt + speech tokens against its fixed noise, which bounds their sum.
+        self.max_tokens = max(0, self.service.max_flow_tokens - voice.flow_prompt.tokens.shape[1])
+
+    @property
+    def idle(self) -> bool:
+        return self.current is None and not self.pending
+
+    def add_segment(self, text: str) -> None:
+        text = normalize_segment(text)
+        self.pending.append(_Segment(text=text, text_ids=self.service.frontend.text_ids(text)))
+
+    def next_step(self) -> Step | None:
+        # Pure: it describes the next step without changing the session.
+        key = self.voice.model_key
+        segment = self.current
+        if segment is None:
+            if not self.pending:
+                return None
+            segment = self.pending[0]
+            job = PrefillJob(ids_tensor(segment.text_ids, self.service.device), self.lm_prompt, self.lm_generator,
+                             self.max_tokens)
+            length = len(segment.text_ids) + self.lm_prompt.text_ids.shape[1] + self.lm_prompt.speech_tokens.shape[1]
+            return Step("lm", ("lm", key, "prefill", length // 64), job, self)
+        assert segment.lm is not None and segment.t2w is not None
+        if segment.t2w.ready():
+            return Step("token2wav", ("token2wav", key), Token2WavJob(segment.t2w), self)
+        if not segment.lm.finished:
+            return Step("lm", ("lm", key, "decode"), DecodeJob(segment.lm), self)
+        raise AssertionError("a segment whose LM stopped is either flushing or done")
+
+    def complete(self, step: Step, result: Any) -> np.ndarray | None:
+        if step.kind == "lm":
+            lm_result: LMResult = result
+            if isinstance(step.payload, PrefillJob):
+                segment = self.pending.popleft()
+                segment.lm = lm_result.stream
+                segment.t2w = self.service.model.token2wav.stream(self.voice.flow_prompt, self.vocoder_generator)
+                self.current = segment
+            segment = self.current
+            assert segment is not None and segment.t2w is not None
+            if lm_result.token is not None:
+                segment.t2w.add_tokens([lm_result.token])
+            if lm_result.stream.finished:
+                if segment.t2w.tokens:
+                    segment.t2w.end()
+                else:  # nothing to say (no text ids, or a stop token first)
+                    self._segment_done()
+            return None
+        # token2wav
+        segment = self.current
+        assert segment is not None and segment.t2w is not None
+        segment.chunks += 1
+        if segment.t2w.done:
+            self._segment_done()
+        return result
+
+    def _segment_done(self) -> None:
+        self.current = None
+        self.segments_done += 1

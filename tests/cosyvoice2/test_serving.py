@@ -1,0 +1,269 @@
+"""CosyVoice2 through the real server: every route, registered voices across a restart, bad prompts.
+
+Random weights make noise, so these tests check lengths, headers, chunking, and that the bytes a
+route streams equal what the engine makes in-process for the same voice, text and seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("kaldi_native_fbank")
+
+from engine.models.base import SynthesisOptions  # noqa: E402
+from tests.audio import parse_wav  # noqa: E402
+from tests.conftest import Server  # noqa: E402
+from tests.cosyvoice2.standins import tone_wav  # noqa: E402
+
+SAMPLES_PER_TOKEN = 960
+PROMPT_WAV = tone_wav(2.0, 44100, 2, seed=7)
+PROMPT_TEXT = "Hello there, nice to meet you."
+
+
+@pytest.fixture(scope="module")
+def voices_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("registered-voices")
+
+
+@pytest.fixture(scope="module")
+def cv_server(start_server: Callable[..., Server], serving_model_dir: Path, voices_dir: Path) -> Server:
+    """A server with the embedded Piper voice and the CosyVoice2 fixture (stand-in front ends, spk2info)."""
+    return start_server(cosyvoice_dir=str(serving_model_dir), cosyvoice_voices_dir=str(voices_dir))
+
+
+@pytest.fixture(scope="module")
+def local(serving_service: Any, serving_model_dir: Path, voices_dir: Path) -> Any:
+    """The engine in-process on the same weights and voices directory, to compare the server's bytes against."""
+    from engine.models.cosyvoice2.service import CosyVoice2Service
+    from engine.models.cosyvoice2.voice_store import VoiceStore
+
+    return CosyVoice2Service(serving_service.model, serving_model_dir, serving_service.device, VoiceStore(voices_dir))
+
+
+def engine_pcm(service: Any, voice: Any, text: str, seed: int, rate: int | None = None,
+               instructions: str | None = None) -> np.ndarray:
+    """int16 samples as the engine streams them (same scheduler, resampler, int16 conversion as the server)."""
+    from engine.engine import Engine
+    from engine.settings import Settings
+    from engine.voices import VoiceRegistry
+
+    registry = VoiceRegistry([voice])
+    registry.cosyvoice = service
+
+    async def run() -> np.ndarray:
+        engine = Engine(Settings(warmup=False), voices=registry)
+        await engine.start()
+        try:
+            stream = engine.open_stream(voice, SynthesisOptions(seed=seed, instructions=instructions), rate, text=text)
+            return np.concatenate([pcm async for pcm in stream.audio()])
+        finally:
+            await engine.stop()
+
+    return asyncio.run(run())
+
+
+def prompt_voice(service: Any, mode: str, instructions: str | None = None) -> Any:
+    text = PROMPT_TEXT if mode == "zero_shot" else ""
+    return service.prompt_voice(service.prompt_features(service.prompt_audio(PROMPT_WAV), text), mode, instructions)
+
+
+def post(server: Server, route: str, data: dict[str, str], wav: bytes | None = PROMPT_WAV,
+         method: str = "POST") -> httpx.Response:
+    files = {"prompt_wav": ("prompt.wav", wav, "audio/wav")} if wav is not None else None
+    return httpx.request(method, f"{server.url}{route}", data=data, files=files, timeout=120)
+
+
+def test_voices_are_listed(cv_server: Server) -> None:
+    voices = {v["id"]: v for v in httpx.get(f"{cv_server.url}/voices").json()}
+    for voice_id in ("cosyvoice2-sft", "cosyvoice2-saved"):
+        assert voices[voice_id]["model"] == "cosyvoice2" and voices[voice_id]["sample_rate"] == 24000
+        assert voices[voice_id]["language"] == "mul"
+    assert voices["en_US-joe-medium"]["model"] == "piper"
+    openai_ids = {v["id"] for v in httpx.get(f"{cv_server.url}/v1/audio/voices").json()["voices"]}
+    assert {"cosyvoice2-sft", "cosyvoice2-saved"} <= openai_ids
+
+
+@pytest.mark.parametrize("spk_id", ["cosyvoice2-sft", "cosyvoice2-saved"])
+def test_inference_sft_with_a_spk2info_speaker(cv_server: Server, local: Any, spk_id: str) -> None:
+    response = httpx.post(f"{cv_server.url}/inference_sft", data={"tts_text": "Hi.", "spk_id": spk_id, "seed": "4"},
+                          timeout=120)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-sample-rate"] == "24000" and response.headers["x-voice"] == spk_id
+    header, samples = parse_wav(response.content)
+    assert header["sample_rate"] == 24000 and header["data_size"] == 0xFFFFFFFF
+    assert 0 < len(samples) <= 20 * 3 * SAMPLES_PER_TOKEN and len(samples) % SAMPLES_PER_TOKEN == 0
+    assert np.array_equal(samples, engine_pcm(local, local.speakers[spk_id], "Hi.", seed=4))
+    piper = httpx.post(f"{cv_server.url}/inference_sft", data={"tts_text": "Hi.", "spk_id": "en_US-joe-medium"},
+                       timeout=60)
+    assert piper.status_code == 200 and piper.headers["x-sample-rate"] == "22050"
+
+
+def test_audio_streams_in_chunks(cv_server: Server) -> None:
+    """Two segments: the first chunk (0.84 s of audio) is sent while the rest is still being made."""
+    with httpx.stream("POST", f"{cv_server.url}/inference_sft",
+                      data={"tts_text": "Yes. Ok.", "spk_id": "cosyvoice2-sft", "format": "pcm", "seed": "1"},
+                      timeout=120) as response:
+        assert response.headers.get("transfer-encoding") == "chunked"
+        pieces = [len(piece) for piece in response.iter_raw()]
+    assert len(pieces) >= 3 and sum(pieces) == (80 + 60) * SAMPLES_PER_TOKEN * 2
+    assert pieces[0] <= (25 * SAMPLES_PER_TOKEN - 3840) * 2
+
+
+@pytest.mark.parametrize("route,mode,fields", [
+    ("/inference_zero_shot", "zero_shot", {"prompt_text": PROMPT_TEXT}),
+    ("/inference_cross_lingual", "cross_lingual", {}),
+    ("/inference_instruct2", "instruct2", {"instruct_text": "Speak slowly and warmly."}),
+])
+def test_prompt_routes_match_the_engine(cv_server: Server, local: Any, route: str, mode: str,
+                                        fields: dict[str, str]) -> None:
+    response = post(cv_server, route, {"tts_text": "Hi.", "seed": "3", "format": "pcm", **fields})
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "audio/pcm" and response.headers["x-sample-rate"] == "24000"
+    samples = np.frombuffer(response.content, dtype="<i2")
+    voice = prompt_voice(local, mode, fields.get("instruct_text"))
+    assert len(samples) % SAMPLES_PER_TOKEN == 0 and np.array_equal(samples, engine_pcm(local, voice, "Hi.", seed=3))
+
+
+def test_get_with_a_multipart_body_and_resampling(cv_server: Server, local: Any) -> None:
+    """CosyVoice's client sends its form with GET too; sample_rate resamples like everywhere else."""
+    response = post(cv_server, "/inference_cross_lingual", {"tts_text": "Hi.", "seed": "8", "sample_rate": "16000"},
+                    method="GET")
+    assert response.status_code == 200, response.text
+    header, samples = parse_wav(response.content)
+    assert header["sample_rate"] == 16000 and response.headers["x-sample-rate"] == "16000"
+    native = engine_pcm(local, prompt_voice(local, "cross_lingual"), "Hi.", seed=8)
+    assert abs(len(samples) / 16000 - len(native) / 24000) < 0.01
+    assert np.array_equal(samples, engine_pcm(local, prompt_voice(local, "cross_lingual"), "Hi.", seed=8, rate=16000))
+
+
+def speech(server: Server, voice: str, **body: Any) -> httpx.Response:
+    payload = {"model": "tts-1", "input": "Hi.", "voice": voice, "response_format": "pcm", "seed": 6, **body}
+    return httpx.post(f"{server.url}/v1/audio/speech", json=payload, timeout=120)
+
+
+def register(server: Server, voice_id: str, **fields: str) -> httpx.Response:
+    return post(server, "/v1/voices", {"voice_id": voice_id, "prompt_text": PROMPT_TEXT, **fields})
+
+
+def test_register_use_and_delete_a_voice(cv_server: Server, local: Any, voices_dir: Path) -> None:
+    created = register(cv_server, "alice", name="Alice", language="en")
+    assert created.status_code == 201, created.text
+    assert created.headers["location"] == "/v1/voices/alice"
+    body = created.json()
+    assert body["id"] == "alice" and body["model"] == "cosyvoice2" and body["sample_rate"] == 24000
+    assert body["name"] == "Alice" and body["language"] == "en" and body["prompt_text"] == PROMPT_TEXT
+    assert (voices_dir / "alice.pt").is_file()
+    assert httpx.get(f"{cv_server.url}/v1/voices/alice").json() == body
+    assert "alice" in {v["id"] for v in httpx.get(f"{cv_server.url}/voices").json()}
+    assert register(cv_server, "alice").status_code == 409
+    assert register(cv_server, "en_US-joe-medium").json()["error"]["code"] == "voice_exists"
+
+    # Usable by id on every route; the engine in-process reads the same voice file.
+    (voice,) = [v for v in local.registered_voices() if v.info.id == "alice"]
+    response = speech(cv_server, "alice")
+    assert response.status_code == 200, response.text
+    samples = np.frombuffer(response.content, dtype="<i2")
+    assert np.array_equal(samples, engine_pcm(local, voice, "Hi.", seed=6))
+    sft = httpx.post(f"{cv_server.url}/inference_sft", data={"tts_text": "Hi.", "spk_id": "alice", "seed": "6",
+                                                              "format": "pcm"}, timeout=120)
+    assert sft.content == response.content
+    # OpenAI's instructions: instruct2 with the registered voice's prompt.
+    instructed = speech(cv_server, "alice", instructions="Whisper.")
+    assert np.array_equal(np.frombuffer(instructed.content, dtype="<i2"),
+                          engine_pcm(local, voice, "Hi.", seed=6, instructions="Whisper."))
+
+    deleted = httpx.delete(f"{cv_server.url}/v1/voices/alice")
+    assert deleted.status_code == 204 and not (voices_dir / "alice.pt").exists()
+    assert httpx.get(f"{cv_server.url}/v1/voices/alice").status_code == 404
+    assert speech(cv_server, "alice").json()["error"]["code"] == "voice_not_found"
+    assert httpx.delete(f"{cv_server.url}/v1/voices/alice").status_code == 404
+    assert httpx.delete(f"{cv_server.url}/v1/voices/cosyvoice2-sft").json()["error"]["code"] == "voice_not_deletable"
+    assert httpx.delete(f"{cv_server.url}/v1/voices/en_US-joe-medium").status_code == 409
+
+
+def test_registered_voice_survives_a_restart(cv_server: Server, start_server: Callable[..., Server],
+                                             serving_model_dir: Path, voices_dir: Path) -> None:
+    assert register(cv_server, "bob").status_code == 201
+    before = speech(cv_server, "bob", seed=12)
+    assert before.status_code == 200
+    # A new server process on the same voices directory (warm-up off: it was tested above).
+    restarted = start_server(cosyvoice_dir=str(serving_model_dir), cosyvoice_voices_dir=str(voices_dir),
+                             warmup="false")
+    try:
+        assert "bob" in {v["id"] for v in httpx.get(f"{restarted.url}/voices").json()}
+        assert speech(restarted, "bob", seed=12).content == before.content
+    finally:
+        restarted.stop()
+
+
+@pytest.mark.parametrize("wav,code", [
+    (b"this is not audio", "invalid_audio"),
+    (tone_wav(31.0, 16000), "audio_too_long"),
+    (tone_wav(2.0, amplitude=0.0), "audio_silent"),
+    (tone_wav(2.0, rate=8000), "sample_rate_too_low"),
+    (tone_wav(0.2), "audio_too_short"),
+    (None, "missing_file"),
+])
+def test_bad_prompt_audio(cv_server: Server, wav: bytes | None, code: str) -> None:
+    for route, fields in (("/inference_zero_shot", {"tts_text": "Hi.", "prompt_text": "Hello."}),
+                          ("/v1/voices", {"voice_id": "carol", "prompt_text": "Hello."})):
+        response = post(cv_server, route, fields, wav=wav)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == code and error["param"] == "prompt_wav", error
+    assert httpx.get(f"{cv_server.url}/v1/voices/carol").status_code == 404
+
+
+@pytest.mark.parametrize("route,fields,param", [
+    ("/inference_zero_shot", {"tts_text": "Hi."}, "prompt_text"),
+    ("/inference_zero_shot", {"tts_text": "Hi.", "prompt_text": "  "}, "prompt_text"),
+    ("/inference_instruct2", {"tts_text": "Hi."}, "instruct_text"),
+    ("/inference_cross_lingual", {"tts_text": ""}, "tts_text"),
+    ("/inference_cross_lingual", {"tts_text": "Hi.", "speed": "1.5"}, "speed"),
+    ("/inference_cross_lingual", {"tts_text": "Hi.", "sample_rate": "12345"}, "sample_rate"),
+    ("/inference_cross_lingual", {"tts_text": "Hi.", "format": "mp3"}, "format"),
+    ("/v1/voices", {"voice_id": "../etc", "prompt_text": "Hello."}, "voice_id"),
+    ("/v1/voices", {"prompt_text": "Hello."}, "voice_id"),
+])
+def test_bad_fields(cv_server: Server, route: str, fields: dict[str, str], param: str) -> None:
+    response = post(cv_server, route, fields)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_speed_other_than_one_is_refused(cv_server: Server) -> None:
+    error = speech(cv_server, "cosyvoice2-sft", speed=1.5).json()["error"]
+    assert error["param"] == "speed" and "1.0" in error["message"]
+
+
+def test_without_a_cosyvoice_model(server: Server) -> None:
+    """The default server has no CosyVoice2 model: a clear 503, never a 500."""
+    for route, fields in (("/inference_zero_shot", {"tts_text": "Hi.", "prompt_text": "Hello."}),
+                          ("/inference_cross_lingual", {"tts_text": "Hi."}),
+                          ("/inference_instruct2", {"tts_text": "Hi.", "instruct_text": "Softly."}),
+                          ("/v1/voices", {"voice_id": "dave", "prompt_text": "Hello."})):
+        response = post(server, route, fields)
+        assert response.status_code == 503, (route, response.text)
+        error = response.json()["error"]
+        assert error["code"] == "model_not_loaded" and "RTVOICE_COSYVOICE_DIR" in error["message"]
+
+
+def test_a_wrong_model_directory_stops_the_server_at_once(tmp_path: Path) -> None:
+    (tmp_path / "llm.pt").write_bytes(b"")
+    env = {**os.environ, "RTVOICE_COSYVOICE_DIR": str(tmp_path), "RTVOICE_PORT": "1"}
+    result = subprocess.run([sys.executable, "-m", "app.cli", "serve"], env=env, capture_output=True, text=True,
+                            timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 2
+    assert "is not a CosyVoice2 model directory" in result.stderr and "cosyvoice2.yaml" in result.stderr
