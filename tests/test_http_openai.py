@@ -148,3 +148,19 @@ def test_health_docs_and_unknown_routes(server: Server) -> None:
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     wrong_method = httpx.get(f"{server.url}/v1/audio/speech")
     assert wrong_method.status_code == 405 and "error" in wrong_method.json()
+
+
+def test_official_openai_client(server: Server) -> None:
+    """OpenAI's own Python SDK, pointed at rtvoice, streams speech and sees our errors as its errors."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input=TEXT,
+                                                            response_format="pcm") as response:
+        pcm = b"".join(response.iter_bytes())
+    assert len(pcm) / 2 / 24000 > 1.0
+    mp3 = client.audio.speech.create(model="gpt-4o-mini-tts", voice="coral", input="Hi there.",
+                                     instructions="Cheerful.")
+    assert decode(mp3.content)[1] == 24000
+    with pytest.raises(openai.BadRequestError) as error:
+        client.audio.speech.create(model="tts-1", voice="nobody", input="Hi.")
+    assert "valid voices" in str(error.value)
