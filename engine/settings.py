@@ -113,3 +113,21 @@ class Settings(BaseSettings):
     @property
     def cosyvoice_voices_path(self) -> Path:
         return self.cosyvoice_voices_dir or self.data_dir / "voices"
+
+    # --- CosyVoice2 at scale (engine/models/cosyvoice2: batching, TensorRT) ------------------------
+    cosyvoice_estimator: str = "auto"
+    """What runs the flow's estimator: ``torch``, ``trt-fp16``, ``trt-fp32``, or ``auto`` (TensorRT fp16
+    when CUDA and the ``trt`` extra are there and its output checks out against fp32, else fp32, else
+    torch). Engines are built once per GPU, TensorRT version and precision and cached in
+    ``<model dir>/trt`` (``<data_dir>/trt`` when the model directory is read-only)."""
+    cosyvoice_token2wav_batch: int = 0
+    """Most token-to-wave chunks (streams) in one flow call; 0 means 1 on a CPU (where batching does
+    not pay) and 8 on a GPU. The TensorRT engine's profile covers twice this many rows (CFG)."""
+
+    @field_validator("cosyvoice_estimator")
+    @classmethod
+    def _known_estimator(cls, value: str) -> str:
+        value = value.strip().lower()
+        if value not in ("torch", "trt-fp16", "trt-fp32", "auto"):
+            raise ValueError("cosyvoice_estimator must be torch, trt-fp16, trt-fp32 or auto")
+        return value

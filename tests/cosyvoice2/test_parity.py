@@ -98,22 +98,24 @@ def test_streams_do_not_share_hop_state(model: Any, vectors: dict[str, Any]) -> 
 
 
 def _reference_step_call(lm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make one-token steps call the backbone the way the reference does.
+    """Make one-token steps attend the way the reference's call does.
 
     The reference passes, on each cached one-token step, a 2-D attention mask of length 1 (the last
     row of a 1x1 causal mask). transformers 5.x right-pads a short 2-D mask with zeros, so in the
     reference run each new token attended to position 0 (sos) only. Our decoder attends to the whole
     cache, as the model was trained; to check the rest of the LM against the fixture, this patch
-    reproduces the reference's call.
+    reproduces the reference's visibility (key 0 only) on one-token steps.
     """
-    forward = lm.backbone.forward
+    allowed = lm._allowed
 
-    def reference_forward(*args: Any, **kwargs: Any) -> Any:
-        if kwargs["inputs_embeds"].shape[1] == 1:
-            kwargs["attention_mask"] = torch.ones(1, 1, dtype=torch.bool)
-        return forward(*args, **kwargs)
+    def reference_allowed(past: Any, new: int, total: int) -> Any:
+        mask = allowed(past, new, total)
+        if new == 1:
+            mask = torch.zeros_like(mask)
+            mask[..., 0] = True
+        return mask
 
-    monkeypatch.setattr(lm.backbone, "forward", reference_forward)
+    monkeypatch.setattr(lm, "_allowed", reference_allowed)
 
 
 # The fixture's decode bounds (its README): eos masked below 2 x text tokens, at most 4 x.

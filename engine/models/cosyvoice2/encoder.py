@@ -30,6 +30,18 @@ def chunk_mask(size: int, chunk: int, device: torch.device) -> torch.Tensor:
     return pos[None, :] < limit[:, None]
 
 
+def padded_chunk_mask(size: int, chunks: list[int], lengths: list[int], device: torch.device) -> torch.Tensor:
+    """[B, 1, size, size] bool for a right-padded batch: row b's position i sees key j iff j < lengths[b]
+    and, when chunks[b] > 0, j is at most the end of i's chunk (``chunk_mask``); chunks[b] == 0 means
+    full attention. Padded query rows still see key 0, so no softmax row is empty."""
+    pos = torch.arange(size, device=device)
+    chunk = torch.tensor(chunks, device=device)[:, None]  # [B, 1]
+    length = torch.tensor(lengths, device=device)[:, None]
+    limit = torch.where(chunk > 0, (pos[None] // chunk.clamp(min=1) + 1) * chunk, size)  # [B, size]
+    limit = torch.minimum(limit, length).clamp(min=1)
+    return (pos[None, None, :] < limit[:, :, None])[:, None]
+
+
 def relative_positions(size: int, d_model: int, device: torch.device) -> torch.Tensor:
     """Sinusoidal encodings of relative distances size-1 ... -(size-1): [1, 2*size-1, d_model]."""
     dist = torch.arange(size - 1, -size, -1, dtype=torch.float32, device=device)[:, None]
@@ -131,6 +143,10 @@ class PreLookaheadLayer(nn.Module):
         if context is not None:
             h = torch.cat([h, context.transpose(1, 2)], dim=2)
         h = F.pad(h, (0, x.shape[1] + self.lookahead - h.shape[2]))
+        return self.convolve(x, h)
+
+    def convolve(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """x [B, T, D] and its look-ahead input h [B, D, T + lookahead] (x, then the context or zeros)."""
         h = F.leaky_relu(self.conv1(h))
         h = self.conv2(F.pad(h, (self.conv2.kernel_size[0] - 1, 0)))
         return h.transpose(1, 2) + x
@@ -168,6 +184,38 @@ class UpsampleConformerEncoder(nn.Module):
         t = x.shape[1]
         pos_emb = relative_positions(t, self.cfg.output_size, x.device)
         mask = chunk_mask(t, chunk, x.device) if streaming and chunk > 0 else None
+        for layer in layers:
+            x = layer(x, pos_emb, mask)
+        return x
+
+    def forward_padded(
+        self, xs: torch.Tensor, lengths: list[int], contexts: list[torch.Tensor | None], streaming: list[bool]
+    ) -> torch.Tensor:
+        """A right-padded batch: xs [B, T, D] token embeddings, row b valid up to lengths[b], followed by
+        its look-ahead ``contexts[b]`` [1, L, D] (None: zeros, as a final call) -> [B, T * stride, D],
+        row b valid up to lengths[b] * stride. Every layer is causal or masked per row, so each row's
+        valid part equals :meth:`forward` on that row alone."""
+        batch, t, d = xs.shape
+        x = self.embed(xs)
+        lookahead = self.pre_lookahead_layer.lookahead
+        h = x.new_zeros(batch, t + lookahead, d)
+        for b, (n, ctx) in enumerate(zip(lengths, contexts, strict=True)):
+            h[b, :n] = x[b, :n]
+            if ctx is not None:
+                h[b, n : n + ctx.shape[1]] = self.embed(ctx[0, :lookahead])
+        x = self.pre_lookahead_layer.convolve(x, h.transpose(1, 2))
+        chunk = self.cfg.static_chunk_size
+        stride = self.up_layer.stride
+        x = self._stack_masked(self.encoders, x, padded_chunk_mask(
+            t, [chunk if s else 0 for s in streaming], lengths, x.device))
+        x = self.up_layer(x.transpose(1, 2)).transpose(1, 2)
+        x = self.up_embed(x)
+        x = self._stack_masked(self.up_encoders, x, padded_chunk_mask(
+            t * stride, [chunk * stride if s else 0 for s in streaming], [n * stride for n in lengths], x.device))
+        return self.after_norm(x)
+
+    def _stack_masked(self, layers: nn.ModuleList, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        pos_emb = relative_positions(x.shape[1], self.cfg.output_size, x.device)
         for layer in layers:
             x = layer(x, pos_emb, mask)
         return x

@@ -9,7 +9,7 @@ beyond its chunk. Submodule names mirror the checkpoint's ``decoder.estimator.*`
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +17,31 @@ from torch import nn
 
 from .config import EstimatorConfig
 from .encoder import chunk_mask
+
+MASKED = -1.0e10
+"""Additive attention bias of a hidden key (the value training used)."""
+
+
+class Estimator(Protocol):
+    """The estimator's masked call: x, mu, cond [B, C, T], t [B], spks [B, C], lengths [B] (valid frames per
+    row) and chunks [B] (attention chunk in frames per row, 0 for full attention) -> velocity [B, C, T].
+    :meth:`CausalConditionalDecoder.forward_masked` is the torch one; a TensorRT engine is another."""
+
+    def __call__(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
+                 cond: torch.Tensor, lengths: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor: ...
+
+
+def attention_bias(frames: int, lengths: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, T] additive bias: key j is visible to query i of row b iff j < lengths[b] and, when
+    chunks[b] > 0, j is before the end of i's chunk. Built from shapes with tensor ops only, so it
+    exports to ONNX with a dynamic T and batch."""
+    pos = torch.arange(frames, device=lengths.device)
+    chunk = chunks[:, None]
+    limit = torch.where(chunk > 0, torch.div(pos[None], chunk.clamp(min=1), rounding_mode="floor") * chunk + chunk,
+                        torch.full_like(chunk, frames))
+    limit = torch.minimum(limit, lengths[:, None]).clamp(min=1)  # [B, T]; padded rows still see key 0
+    visible = pos[None, None, :] < limit[:, :, None]
+    return torch.where(visible, 0.0, MASKED)[:, None]
 
 
 class CausalConv1d(nn.Conv1d):
@@ -179,14 +204,27 @@ class CausalConditionalDecoder(nn.Module):
         streaming: bool = False,
     ) -> torch.Tensor:
         """Velocity for x [B, C, T] at time t [B], conditioned on mu, speaker and prompt-mel cond."""
-        t_emb = self.time_mlp(t)
-        h = torch.cat([x, mu, spks[:, :, None].expand(-1, -1, x.shape[2]), cond], dim=1)
-
         bias = None
         if streaming:
             # Additive bias rather than a bool mask, with the same large negative value as training.
             allowed = chunk_mask(x.shape[2], self.cfg.static_chunk_size, x.device)
-            bias = (~allowed).to(x.dtype) * -1.0e10
+            bias = (~allowed).to(x.dtype) * MASKED
+        return self._run(x, mu, t, spks, cond, bias)
+
+    def forward_masked(
+        self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
+        lengths: torch.Tensor, chunks: torch.Tensor,
+    ) -> torch.Tensor:
+        """A right-padded batch with per-row valid lengths and attention chunks (see :class:`Estimator`).
+        Every conv is causal, so row b's first lengths[b] frames equal :meth:`forward` on them alone."""
+        return self._run(x, mu, t, spks, cond, attention_bias(x.shape[2], lengths, chunks).to(x.dtype))
+
+    def _run(
+        self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        t_emb = self.time_mlp(t)
+        h = torch.cat([x, mu, spks[:, :, None].expand(-1, -1, x.shape[2]), cond], dim=1)
 
         down = cast(nn.ModuleList, self.down_blocks[0])
         skip = self._level(down, h, t_emb, bias)

@@ -8,6 +8,7 @@ directly once weight norm has been folded into plain weights (see ``loader.py``)
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +74,18 @@ class F0Predictor(nn.Module):
         return self.classifier(h).squeeze(-1).abs()
 
 
+Generators = torch.Generator | list[torch.Generator] | None
+
+
+def _draw(fn: Any, shape: tuple[int, ...], generator: Generators, like: torch.Tensor) -> torch.Tensor:
+    """``fn(shape)`` from ``generator``, or row by row from a list of per-row generators."""
+    if isinstance(generator, list):
+        if len(generator) != shape[0]:
+            raise ValueError(f"{len(generator)} generators for {shape[0]} rows")
+        return torch.cat([fn((1, *shape[1:]), generator=g, device=like.device, dtype=like.dtype) for g in generator])
+    return fn(shape, generator=generator, device=like.device, dtype=like.dtype)
+
+
 class SourceModule(nn.Module):
     """Harmonic sine source from f0 (SineGen2 scheme) merged to one excitation channel.
 
@@ -91,12 +104,13 @@ class SourceModule(nn.Module):
         self.l_linear = nn.Linear(self.num_harmonics, 1)
         self.random_source = True
 
-    def forward(self, f0: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """f0 [B, L, 1] at the audio rate -> excitation [B, L, 1]."""
+    def forward(self, f0: torch.Tensor, generator: Generators = None) -> torch.Tensor:
+        """f0 [B, L, 1] at the audio rate -> excitation [B, L, 1]. ``generator`` may be a list, one per
+        row: each row then draws exactly what it would draw alone (same calls, same order)."""
         harmonics = torch.arange(1, self.num_harmonics + 1, device=f0.device, dtype=f0.dtype)
         rad = (f0 * harmonics / self.sampling_rate) % 1  # phase increment per sample, in turns
         if self.random_source:
-            initial = torch.rand(f0.shape[0], self.num_harmonics, generator=generator, device=f0.device, dtype=f0.dtype)
+            initial = _draw(torch.rand, (f0.shape[0], self.num_harmonics), generator, f0)
             initial[:, 0] = 0  # the fundamental always starts at phase 0
             rad[:, 0, :] = rad[:, 0, :] + initial
         # Integrate the phase at the frame rate and interpolate back up, as the model was trained.
@@ -112,7 +126,7 @@ class SourceModule(nn.Module):
         uv = (f0 > self.voiced_threshold).to(f0.dtype)
         if self.random_source:
             noise_amp = uv * self.noise_std + (1 - uv) * self.sine_amp / 3
-            noise = noise_amp * torch.randn(sines.shape, generator=generator, device=f0.device, dtype=f0.dtype)
+            noise = noise_amp * _draw(torch.randn, tuple(sines.shape), generator, f0)
             sines = sines * uv + noise
         else:
             sines = sines * uv
@@ -177,7 +191,7 @@ class HiFTGenerator(nn.Module):
         spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
         return torch.istft(spec, self.cfg.n_fft, self.cfg.hop_len, self.cfg.n_fft, window=self.stft_window)
 
-    def source(self, mel: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def source(self, mel: torch.Tensor, generator: Generators = None) -> torch.Tensor:
         """Excitation [B, 1, T * samples_per_frame] for mel [B, C, T]."""
         f0 = self.f0_predictor(mel)
         f0 = F.interpolate(f0[:, None], scale_factor=float(self.cfg.samples_per_frame), mode="nearest")
@@ -206,13 +220,14 @@ class HiFTGenerator(nn.Module):
         self,
         mel: torch.Tensor,
         cache_source: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
+        generator: Generators = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """mel [B, C, T] -> (audio [B, T * samples_per_frame], source [B, 1, same]).
 
         ``cache_source`` (the previous chunk's last source samples) replaces the head of the new
         source so that the excitation stays continuous across streaming chunks. ``generator`` drives
-        the random source (the global RNG if None; callers in this package always pass one).
+        the random source (the global RNG if None; callers in this package always pass one), or one
+        generator per row for a batch of streams.
         """
         s = self.source(mel, generator)
         if cache_source is not None and cache_source.shape[2] > 0:

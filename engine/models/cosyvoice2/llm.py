@@ -6,27 +6,41 @@ Sequence fed to the backbone: [sos] + text embeddings (prompt text, then the tex
 ``speech_token_size + 3`` ids: the speech tokens, then eos and two more ids that also end decoding.
 
 All per-request state (KV cache, position, tokens so far, RNG) lives in an :class:`LMStream`; the
-module holds only weights, so any number of streams can share it. :meth:`Qwen2LM.forward_step`
-takes a list of streams so that a batched implementation can replace its loop without changing
-callers.
+module holds only weights, so any number of streams can share it.
+
+Continuous batching: :meth:`Qwen2LM.forward_step` runs the pending inputs of any set of streams in ONE
+backbone pass, whatever their cache lengths and whether they are prefilling (a prompt of many
+positions) or decoding (one token). Each stream keeps its own KV buffer for all layers
+(``[layers, 2, kv_heads, capacity, head_dim]``, grown in blocks); a call stacks the streams' buffers
+into one right-padded batch, writes the new keys and values at each stream's own positions, attends
+with a per-stream mask (key ``j`` is visible to the query at position ``p`` iff ``j <= p``; padding and
+other streams' rows never are) and per-stream RoPE positions, and copies the new positions back to
+each stream's buffer. Streams join (prefill) and leave (finish, or skip a step for a token-to-wave
+chunk) between calls freely, because nothing but the weights is shared. The decoder layers are the
+backbone's own modules (norms, projections, MLP, rotary embedding); only the attention and the cache
+are ours.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import DynamicCache, Qwen2Config, Qwen2Model
+from transformers import Qwen2Config, Qwen2Model
 
 from .config import LLMConfig
 from .sampling import new_generator, ras_sample
 
-# transformers 5.x renamed the cache argument; accept either spelling.
-_CACHE_KWARG = "cache" if "cache" in inspect.signature(Qwen2Model.forward).parameters else "past_key_values"
+KV_BLOCK = 128
+"""KV buffers grow in whole blocks of this many positions (amortised copies, few reallocations)."""
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 @dataclass
@@ -35,7 +49,6 @@ class LMStream:
 
     pending: torch.Tensor
     """Embeddings [1, L, D] not yet run through the backbone: the prompt, then the last token."""
-    cache: DynamicCache
     min_len: int
     max_len: int
     generator: torch.Generator
@@ -43,6 +56,8 @@ class LMStream:
     """Positions already in the KV cache."""
     tokens: list[int] = field(default_factory=list)
     finished: bool = False
+    kv: torch.Tensor | None = field(default=None, repr=False)
+    """This stream's keys and values, [layers, 2, kv_heads, capacity, head_dim]; valid up to ``position``."""
 
 
 class Qwen2LM(nn.Module):
@@ -56,6 +71,14 @@ class Qwen2LM(nn.Module):
         self.speech_embedding = nn.Embedding(vocab, cfg.llm_input_size)
         self.llm_decoder = nn.Linear(cfg.llm_output_size, vocab)
         self.backbone = Qwen2Model(backbone_config)
+        c = backbone_config
+        self.n_heads = c.num_attention_heads
+        self.n_kv_heads = c.num_key_value_heads
+        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        if getattr(c, "use_sliding_window", False) and getattr(c, "sliding_window", None):
+            # Released CosyVoice2 (Qwen2.5-0.5B) attends to the whole sequence; a windowed backbone would
+            # need the window in the mask below.
+            raise ValueError("Qwen2 backbones with sliding-window attention are not supported")
 
     def prompt_embeddings(
         self, text: torch.Tensor, prompt_text: torch.Tensor, prompt_speech_tokens: torch.Tensor
@@ -84,7 +107,6 @@ class Qwen2LM(nn.Module):
         max_len = int(n_text * max_token_text_ratio)
         return LMStream(
             pending=self.prompt_embeddings(text, prompt_text, prompt_speech_tokens),
-            cache=DynamicCache(config=self.backbone.config),
             min_len=int(n_text * min_token_text_ratio),
             max_len=max_len,
             generator=generator or new_generator(device=self.llm_decoder.weight.device),
@@ -93,18 +115,84 @@ class Qwen2LM(nn.Module):
 
     @torch.inference_mode()
     def forward_step(self, streams: Sequence[LMStream]) -> list[torch.Tensor]:
-        """Run each stream's pending input through the backbone; return per stream the
-        log-probabilities [V] of the next token (no masking). Advances each stream's KV cache."""
-        out: list[torch.Tensor] = []
-        for s in streams:
-            length = s.pending.shape[1]
-            positions = torch.arange(s.position, s.position + length, device=s.pending.device)[None]
-            hidden = self.backbone(
-                inputs_embeds=s.pending, position_ids=positions, use_cache=True, **{_CACHE_KWARG: s.cache}
-            ).last_hidden_state
-            s.position += length
-            out.append(F.log_softmax(self.llm_decoder(hidden[0, -1]), dim=-1))
-        return out
+        """Run every stream's pending input through the backbone in one batched pass; return per stream
+        the log-probabilities [V] of its next token (no masking). Advances each stream's KV cache."""
+        if not streams:
+            return []
+        if len({id(s) for s in streams}) != len(streams):
+            raise ValueError("a stream appears twice in one step")
+        hidden = self._forward([s.pending[0] for s in streams], list(streams))
+        return list(F.log_softmax(self.llm_decoder(hidden), dim=-1).unbind(0))
+
+    def _ensure_capacity(self, stream: LMStream, needed: int, like: torch.Tensor) -> torch.Tensor:
+        """``stream.kv`` with room for ``needed`` positions (zero-filled: masked keys must stay finite)."""
+        kv = stream.kv
+        if kv is not None and kv.shape[3] >= needed:
+            return kv
+        capacity = -(-needed // KV_BLOCK) * KV_BLOCK
+        layers = len(self.backbone.layers)
+        grown = torch.zeros(layers, 2, self.n_kv_heads, capacity, self.head_dim, dtype=like.dtype, device=like.device)
+        if kv is not None and stream.position > 0:
+            grown[:, :, :, : stream.position] = kv[:, :, :, : stream.position]
+        stream.kv = grown
+        return grown
+
+    def _allowed(self, past: torch.Tensor, new: int, total: int) -> torch.Tensor:
+        """[B, 1, new, total] bool: key ``j`` is visible to new position ``i`` of row ``b`` iff
+        ``j <= past[b] + i`` (its own cache and itself, causally; never padding)."""
+        query_pos = past[:, None] + torch.arange(new, device=past.device)[None]  # [B, N]
+        keys = torch.arange(total, device=past.device)
+        return (keys[None, None, :] <= query_pos[:, :, None])[:, None]
+
+    def _forward(self, inputs: list[torch.Tensor], streams: list[LMStream]) -> torch.Tensor:
+        """inputs[b] [L_b, D] after stream b's cache -> final hidden state [B, D] of each stream's last input."""
+        device = inputs[0].device
+        lengths = [x.shape[0] for x in inputs]
+        past_list = [s.position for s in streams]
+        n_new, total = max(lengths), max(p + n for p, n in zip(past_list, lengths))
+        batch = len(streams)
+        x = inputs[0][None] if batch == 1 else nn.utils.rnn.pad_sequence(inputs, batch_first=True)  # [B, N, D]
+        past = torch.tensor(past_list, device=device)
+        positions = past[:, None] + torch.arange(n_new, device=device)[None]  # [B, N]
+
+        buffers = [self._ensure_capacity(s, p + n, x) for s, p, n in zip(streams, past_list, lengths)]
+        if batch == 1:
+            kv = buffers[0][None, :, :, :, :total]  # a view: new positions land in the stream's buffer
+        else:
+            kv = torch.stack([b[:, :, :, :total] for b in buffers])  # [B, layers, 2, Hkv, T, hd]
+        # Where each new position goes: rows and positions of the valid (unpadded) inputs (built on the
+        # host, one transfer each: no per-stream kernels on a GPU).
+        rows = torch.tensor([b for b, n in enumerate(lengths) for _ in range(n)], device=device)
+        cols = torch.tensor([i for n in lengths for i in range(n)], device=device)  # index into the new inputs
+        slots = torch.tensor([p + i for p, n in zip(past_list, lengths) for i in range(n)], device=device)
+
+        mask = self._allowed(past, n_new, total)
+        cos, sin = self.backbone.rotary_emb(x, positions)
+        cos, sin = cos[:, None], sin[:, None]  # [B, 1, N, hd]
+        for index, layer in enumerate(self.backbone.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(batch, n_new, self.n_heads, self.head_dim).transpose(1, 2)
+            k = attn.k_proj(h).view(batch, n_new, self.n_kv_heads, self.head_dim).transpose(1, 2)
+            v = attn.v_proj(h).view(batch, n_new, self.n_kv_heads, self.head_dim).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            keys, values = kv[:, index, 0], kv[:, index, 1]  # [B, Hkv, T, hd]
+            keys[rows, :, slots] = k.transpose(1, 2)[rows, cols]
+            values[rows, :, slots] = v.transpose(1, 2)[rows, cols]
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv_heads
+            )
+            x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, n_new, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        last = torch.tensor(lengths, device=device) - 1
+        hidden = self.backbone.norm(x[torch.arange(batch, device=device), last])  # [B, D]
+
+        for b, (stream, p, n) in enumerate(zip(streams, past_list, lengths)):
+            if batch > 1:
+                buffers[b][:, :, :, p : p + n] = kv[b, :, :, :, p : p + n]
+            stream.position = p + n
+        return hidden
 
     @torch.inference_mode()
     def choose(self, stream: LMStream, logp: torch.Tensor, greedy: bool = False) -> int | None:

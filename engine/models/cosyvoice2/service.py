@@ -75,13 +75,27 @@ def spk2info_features(entry: dict[str, Any], mel_bins: int) -> PromptFeatures:
     raise ValueError(f"unrecognised spk2info entry with keys {sorted(entry)}")
 
 
+GPU_TOKEN2WAV_BATCH = 8
+"""Token-to-wave chunks per call on a GPU unless set (``RTVOICE_COSYVOICE_TOKEN2WAV_BATCH``); 1 on a CPU."""
+
+
+def default_token2wav_batch(device: torch.device) -> int:
+    # On a CPU a padded flow batch costs about what its rows cost one by one (bench/cosyvoice2_scale.py),
+    # and one long call delays every other stream's next step; on a GPU it is nearly free.
+    return GPU_TOKEN2WAV_BATCH if device.type == "cuda" else 1
+
+
 class CosyVoice2Service:
     def __init__(self, model: CosyVoice2Model, model_dir: Path, device: torch.device,
-                 store: VoiceStore | None, threads: int = 1) -> None:
+                 store: VoiceStore | None, threads: int = 1, token2wav_batch: int | None = None) -> None:
         self.model = model
         self.threads = max(1, threads)
         self.model_dir = model_dir
         self.device = device
+        self.token2wav_batch = max(1, token2wav_batch or default_token2wav_batch(device))
+        """Most token-to-wave chunks one call takes (the voices' ``max_batch('token2wav')``)."""
+        self.estimator_backend = "torch"
+        """What runs the flow estimator: 'torch', 'trt-fp16' or 'trt-fp32' (see ``trt.py``)."""
         self.model_key = f"{MODEL_NAME}:{model_dir.resolve()}"
         """Batch keys carry this, so steps of every voice of this model may share a call."""
         self.store = store
@@ -107,19 +121,45 @@ class CosyVoice2Service:
                 log.warning("skipping spk2info speaker %r: %s", name, error)
 
     @classmethod
-    def load(cls, model_dir: Path, voices_dir: Path | None, device: str = "cpu", threads: int = 1) -> CosyVoice2Service:
+    def load(cls, model_dir: Path, voices_dir: Path | None, device: str = "cpu", threads: int = 1, *,
+             estimator: str | None = None, token2wav_batch: int | None = None, data_dir: Path | None = None,
+             concurrent_calls: int | None = None) -> CosyVoice2Service:
+        """Load ``model_dir``. The keyword settings default to ``engine.settings.Settings`` (the
+        ``RTVOICE_COSYVOICE_ESTIMATOR`` / ``_TOKEN2WAV_BATCH`` fields, the data dir, runner threads)."""
         model_dir = Path(model_dir)
         check_model_dir(model_dir)
+        if estimator is None or token2wav_batch is None or data_dir is None or concurrent_calls is None:
+            from engine.settings import Settings
+
+            settings = Settings()
+            estimator = estimator or settings.cosyvoice_estimator
+            token2wav_batch = settings.cosyvoice_token2wav_batch if token2wav_batch is None else token2wav_batch
+            data_dir = data_dir or settings.data_dir
+            concurrent_calls = concurrent_calls or settings.runner_threads
         torch.set_num_threads(max(1, threads))
         resolved = resolve_device(device)
         log.info("loading CosyVoice2 from %s on %s", model_dir, resolved)
         model = CosyVoice2Model.load(model_dir, device=resolved)
-        service = cls(model, model_dir, resolved, VoiceStore(voices_dir) if voices_dir is not None else None, threads)
+        service = cls(model, model_dir, resolved, VoiceStore(voices_dir) if voices_dir is not None else None, threads,
+                      token2wav_batch=token2wav_batch or None)
+        service.setup_estimator(estimator, data_dir=data_dir, contexts=concurrent_calls)
         if not service.frontend.can_clone:
             log.warning("%s has no %s: zero-shot, cross-lingual, instruct2 and voice registration are off",
                         model_dir, " / ".join(n for n, s in (("speech_tokenizer_v2.onnx", model.speech_tokenizer),
                                                               ("campplus.onnx", model.campplus)) if s is None))
         return service
+
+    def setup_estimator(self, backend: str, *, data_dir: Path | None = None, contexts: int = 2,
+                        optimization_level: int | None = None) -> Any:
+        """Run the flow estimator on ``backend`` ('torch', 'trt-fp16', 'trt-fp32', 'auto'); TensorRT falls
+        back to torch (logged once) without CUDA or TensorRT. Returns the :class:`trt.Setup`."""
+        from .trt import setup_estimator
+
+        setup = setup_estimator(self.model.flow, backend, device=self.device, model_dir=self.model_dir,
+                                data_dir=data_dir, contexts=contexts, max_batch=self.token2wav_batch,
+                                optimization_level=optimization_level)
+        self.estimator_backend = setup.backend
+        return setup
 
     @property
     def sample_rate(self) -> int:
@@ -195,7 +235,7 @@ class CosyVoice2Service:
         if kind == "lm":
             return self._lm(payloads)
         if kind == "token2wav":
-            return [self._token2wav(job) for job in payloads]
+            return self._token2wav(payloads)
         raise ValueError(f"unknown step kind {kind!r}")
 
     def _lm(self, jobs: list[PrefillJob | DecodeJob]) -> list[LMResult]:
@@ -219,9 +259,9 @@ class CosyVoice2Service:
                 tokens[id(stream)] = llm.choose(stream, logp)
         return [LMResult(stream, tokens.get(id(stream))) for stream in streams]
 
-    def _token2wav(self, job: Token2WavJob) -> np.ndarray:
-        speech = job.stream.step()
-        return speech.reshape(-1).float().cpu().numpy()
+    def _token2wav(self, jobs: list[Token2WavJob]) -> list[np.ndarray]:
+        chunks = self.model.token2wav.step_many([job.stream for job in jobs])
+        return [speech.reshape(-1).float().cpu().numpy() for speech in chunks]
 
     # -- warmup -----------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .flow import CausalMaskedDiffWithXvec
+from .flow import CausalMaskedDiffWithXvec, FlowItem
 from .hift import HiFTGenerator
 from .sampling import new_generator
 
@@ -87,6 +87,51 @@ class Token2Wav:
         """A new stream; ``generator`` drives HiFT's random source (its own, from OS entropy, if None)."""
         return Token2WavStream(self, prompt, generator or new_generator(device=prompt.tokens.device))
 
+    @torch.inference_mode()
+    def step_many(self, streams: Sequence[Token2WavStream]) -> list[torch.Tensor]:
+        """The next chunk of each stream ([1, samples] each), computed together: the flow calls of all
+        of them in one padded batch (per-row lengths, chunk masks and prompts), HiFT on the rows whose
+        mel windows have the same length in one batch each (its convolutions are not causal, so rows
+        of different lengths are not padded together), each row with its own generator and caches.
+        Each chunk equals what :meth:`Token2WavStream.step` makes for that stream alone."""
+        if len({id(s) for s in streams}) != len(streams):
+            raise ValueError("a stream appears twice in one call")
+        plans = [s._plan() for s in streams]
+        items = [
+            FlowItem(torch.tensor([tokens], dtype=torch.int32, device=s.prompt.tokens.device), s.prompt.tokens,
+                     s.prompt.feat, s.prompt.embedding, streaming=not finalize, finalize=finalize)
+            for s, (tokens, finalize) in zip(streams, plans, strict=True)
+        ]
+        mels = self.flow.forward_batch(items)
+        windows = []
+        for s, mel in zip(streams, mels, strict=True):
+            mel = mel[:, :, s.token_offset * self.token_mel_ratio :]
+            s.last_mel = mel
+            windows.append(mel if s._mel_cache is None else torch.cat([s._mel_cache, mel], dim=2))
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for i, (s, window) in enumerate(zip(streams, windows, strict=True)):
+            groups.setdefault((window.shape[2], s._source_cache is None), []).append(i)
+        vocoded: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(streams)
+        for rows in groups.values():
+            if len(rows) == 1:
+                (i,) = rows
+                vocoded[i] = self.hift(windows[i], cache_source=streams[i]._source_cache,
+                                       generator=streams[i].generator)
+                continue
+            caches = [streams[i]._source_cache for i in rows]
+            speech, source = self.hift(
+                torch.cat([windows[i] for i in rows]),
+                cache_source=None if caches[0] is None else torch.cat(caches),  # type: ignore[arg-type]
+                generator=[streams[i].generator for i in rows],
+            )
+            for j, i in enumerate(rows):
+                vocoded[i] = (speech[j : j + 1], source[j : j + 1])
+        chunks = []
+        for s, window, (_, finalize), out in zip(streams, windows, plans, vocoded, strict=True):
+            assert out is not None
+            chunks.append(s._finish_chunk(window, out[0], out[1], finalize))
+        return chunks
+
 
 class Token2WavStream:
     """One stream's incremental token-to-audio state.
@@ -136,17 +181,15 @@ class Token2WavStream:
     def step(self) -> torch.Tensor:
         """Compute the next chunk of audio [1, samples] (the last one once :meth:`end` was called
         and too few tokens remain for a full hop)."""
+        return self.engine.step_many([self])[0]
+
+    def _plan(self) -> tuple[list[int], bool]:
+        """The tokens the next flow call takes (look-ahead included) and whether it is the final one."""
         if not self.ready():
             raise RuntimeError("step() without a ready chunk")
-        hop = self._this_hop
-        if len(self.tokens) - self.token_offset >= hop + self.engine.pre_lookahead:
-            upto = self.token_offset + hop + self.engine.pre_lookahead
-            speech = self._chunk(self.tokens[:upto], finalize=False)
-            self.token_offset += hop
-            self.hop = min(self.engine.chunk_size * MAX_HOP_FACTOR, self.hop * HOP_GROWTH)
-            return speech
-        self.done = True
-        return self._chunk(self.tokens, finalize=True)
+        if len(self.tokens) - self.token_offset >= self._this_hop + self.engine.pre_lookahead:
+            return self.tokens[: self.token_offset + self._this_hop + self.engine.pre_lookahead], False
+        return list(self.tokens), True
 
     def push(self, tokens: Sequence[int]) -> list[torch.Tensor]:
         """Add tokens; return every chunk that can now be computed."""
@@ -164,20 +207,17 @@ class Token2WavStream:
             chunks.append(self.step())
         return chunks
 
-    def _chunk(self, tokens: list[int], finalize: bool) -> torch.Tensor:
-        eng, p = self.engine, self.prompt
-        token_tensor = torch.tensor([tokens], dtype=torch.int32, device=p.tokens.device)
-        # the final call uses full attention, like an offline call
-        mel = eng.flow(token_tensor, p.tokens, p.feat, p.embedding, streaming=not finalize, finalize=finalize)
-        mel = mel[:, :, self.token_offset * eng.token_mel_ratio :]
-        self.last_mel = mel
-        if self._mel_cache is not None:
-            mel = torch.cat([self._mel_cache, mel], dim=2)
-        speech, source = eng.hift(mel, cache_source=self._source_cache, generator=self.generator)
+    def _finish_chunk(self, mel: torch.Tensor, speech: torch.Tensor, source: torch.Tensor,
+                      finalize: bool) -> torch.Tensor:
+        """Cross-fade the vocoded window ``mel`` -> ``speech``, keep the caches, advance the hop schedule."""
+        eng = self.engine
         if self._speech_tail is not None:
             speech = _cross_fade(speech, self._speech_tail, eng.window)
         if finalize:
+            self.done = True
             return speech
+        self.token_offset += self._this_hop
+        self.hop = min(eng.chunk_size * MAX_HOP_FACTOR, self.hop * HOP_GROWTH)
         self._mel_cache = mel[:, :, -MEL_CACHE_FRAMES:]
         self._source_cache = source[:, :, -eng.source_cache_len :]
         self._speech_tail = speech[:, -eng.source_cache_len :]

@@ -167,11 +167,15 @@ class CosyVoice2Voice(Voice):
             # streaming mode refuses too; every CosyVoice2 stream here is streamed.
             raise ValueError("CosyVoice2 voices speak at speed 1.0 only")
 
-    # LM steps of many streams share a call (forward_step takes a list); token2wav chunks run
-    # one at a time until the flow is batched.
+    # LM steps of many streams share one batched backbone pass (``Qwen2LM.forward_step``); token-to-wave
+    # chunks of several streams share one padded flow call (and HiFT calls per window length) up to the
+    # service's limit: 1 on a CPU, where a batch costs as much as its rows run one by one (bench/cosyvoice2_scale.py),
+    # more on a GPU.
     BATCH_LIMITS = {"lm": 1 << 16, "token2wav": 1}
 
     def max_batch(self, kind: str) -> int:
+        if kind == "token2wav":
+            return self.service.token2wav_batch
         return self.BATCH_LIMITS.get(kind, 1)
 
     def run(self, kind: str, payloads: list[Any]) -> list[Any]:
@@ -219,7 +223,10 @@ class CosyVoice2Session(VoiceSession):
             return Step("lm", ("lm", key, "prefill", length // 64), job, self)
         assert segment.lm is not None and segment.t2w is not None
         if segment.t2w.ready():
-            return Step("token2wav", ("token2wav", key), Token2WavJob(segment.t2w), self)
+            # A chunk's flow call covers the prompt and every token so far; rows of one call are padded to the
+            # longest, so chunks are grouped by that length within a factor of two.
+            flow_tokens = segment.t2w.prompt.tokens.shape[1] + len(segment.t2w.tokens)
+            return Step("token2wav", ("token2wav", key, flow_tokens.bit_length()), Token2WavJob(segment.t2w), self)
         if not segment.lm.finished:
             return Step("lm", ("lm", key, "decode"), DecodeJob(segment.lm), self)
         raise AssertionError("a segment whose LM stopped is either flushing or done")
