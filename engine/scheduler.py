@@ -39,7 +39,7 @@ class Limits:
     max_queued_streams: int = 64
     max_batch_size: int = 8
     max_batch_wait_ms: float = 0.0
-    urgent_margin_ms: float = 100.0
+    urgent_margin_ms: float = 200.0
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     # Scheduling and threads
     max_batch_size: int = 8
     max_batch_wait_ms: float = 0.0
-    urgent_margin_ms: float = 100.0
+    urgent_margin_ms: float = 200.0
     """A stream whose listener runs out of audio within this margin goes before streams owing first audio."""
     runner_threads: int = 2
     """Model calls that run at once."""

@@ -83,8 +83,8 @@ def _seeded(server: Server, seed: int, text: str) -> bytes:
 
 def test_batching_changes_nothing(server: Server) -> None:
     """Seeded requests give the same bytes alone and when batched with others."""
-    texts = ["First voice in the crowd, speaking clearly.", "Second voice, a bit longer than the first one is.",
-             "Third.", "The fourth request talks about something else entirely, at length."]
+    # Eight similar requests at once: while two run, the others' encoder passes queue up and share calls.
+    texts = [f"Voice number {i} in the crowd speaks one clear sentence." for i in range(8)]
     alone = [_seeded(server, 100 + i, t) for i, t in enumerate(texts)]
     batches_before = server.metric("rtvoice_batch_size_sum") - server.metric("rtvoice_batch_size_count")
     with concurrent.futures.ThreadPoolExecutor(len(texts)) as pool:

@@ -27,6 +27,11 @@ from engine.models.base import Step, SynthesisOptions, Voice, VoiceInfo, VoiceSe
 from engine.models.piper import graph
 
 
+RAMP_GROWTH = 4
+"""Chunk sizes grow by this factor from the first chunk to ``chunk_ms``: few small chunks (each pays the
+decoder's context frames), measured better under load than doubling."""
+
+
 @dataclass(frozen=True)
 class ChunkPlan:
     """Chunk sizes in milliseconds of audio; the voice converts them to frames."""
@@ -145,9 +150,11 @@ class PiperVoice(Voice):
         return PiperSession(self, options)
 
     # Measured on the CPU (bench/batch_calls.py): batching saves ~15% on encoder
-    # passes and ~8% on flow windows, but makes decoder chunks ~1.5x slower per
-    # item at 4 or more, so decoder chunks run one at a time.
-    BATCH_LIMITS = {"encode": 1 << 16, "flow": 1 << 16, "decode": 1}
+    # passes but only ~5-8% on flow windows and makes decoder chunks ~1.5x slower
+    # per item at 4 or more. Under load (bench/load.py) a batched multi-second
+    # flow window holds a runner slot long enough to make other listeners stall,
+    # so flow windows and decoder chunks run one at a time and encoder passes batch.
+    BATCH_LIMITS = {"encode": 1 << 16, "flow": 1, "decode": 1}
 
     def max_batch(self, kind: str) -> int:
         return self.BATCH_LIMITS.get(kind, 1)
@@ -265,7 +272,7 @@ class PiperSession(VoiceSession):
         v = self.voice
         if not segment.ramp:
             return v.chunk_frames
-        return min(v.chunk_frames, v.first_chunk_frames << segment.chunks)
+        return min(v.chunk_frames, v.first_chunk_frames * RAMP_GROWTH**segment.chunks)
 
     def _chunk_end(self, segment: _Segment) -> int:
         size = self._chunk_size(segment)
@@ -299,10 +306,11 @@ class PiperSession(VoiceSession):
             start = max(0, segment.decoded - v.decoder_context)
             latent = segment.latent[:, start:needed]  # type: ignore[index]
             return Step("decode", ("decode", v.info.id, latent.shape[-1]), DecodeJob(latent, start, end), self)
-        # While chunks still ramp up, each window covers just the next chunk, so
-        # the early chunks (due soonest) wait for nothing else; later windows are
-        # large, so the flow's context is paid rarely. A short remainder joins the window.
-        window = 0 if self._chunk_size(segment) < v.chunk_frames else v.flow_chunk_frames
+        # A ramping segment's first window covers just its first chunk (time to
+        # first audio); every later window is large, so the flow's context frames
+        # are paid rarely (per-window windows during the ramp cost more under load
+        # than they save in latency). A short remainder joins the window.
+        window = 0 if segment.ramp and segment.flowed == 0 else v.flow_chunk_frames
         window_end = max(needed, segment.flowed + window)
         if segment.frames - window_end < window // 2:
             window_end = segment.frames
