@@ -124,4 +124,7 @@ def load_cosyvoice(settings: Settings) -> CosyVoice2Service:
             "install them with: pip install torch==2.13.0 && pip install -e '.[cosyvoice]'"
         ) from error
     return CosyVoice2Service.load(settings.cosyvoice_dir, settings.cosyvoice_voices_path,
-                                  device=settings.cosyvoice_device, threads=settings.cosyvoice_threads)
+                                  device=settings.cosyvoice_device, threads=settings.cosyvoice_threads,
+                                  estimator=settings.cosyvoice_estimator,
+                                  token2wav_batch=settings.cosyvoice_token2wav_batch, data_dir=settings.data_dir,
+                                  concurrent_calls=settings.runner_threads)

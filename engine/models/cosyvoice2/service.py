@@ -122,20 +122,15 @@ class CosyVoice2Service:
 
     @classmethod
     def load(cls, model_dir: Path, voices_dir: Path | None, device: str = "cpu", threads: int = 1, *,
-             estimator: str | None = None, token2wav_batch: int | None = None, data_dir: Path | None = None,
-             concurrent_calls: int | None = None) -> CosyVoice2Service:
-        """Load ``model_dir``. The keyword settings default to ``engine.settings.Settings`` (the
-        ``RTVOICE_COSYVOICE_ESTIMATOR`` / ``_TOKEN2WAV_BATCH`` fields, the data dir, runner threads)."""
+             estimator: str = "auto", token2wav_batch: int = 0, data_dir: Path | None = None,
+             concurrent_calls: int = 1) -> CosyVoice2Service:
+        """Load ``model_dir``; the keywords are the ``RTVOICE_COSYVOICE_*`` settings, passed by the registry.
+
+        ``token2wav_batch`` 0 picks the device's default; ``data_dir`` is where TensorRT engines go when the
+        model directory is read-only; ``concurrent_calls`` sizes the TensorRT context pool (runner threads).
+        """
         model_dir = Path(model_dir)
         check_model_dir(model_dir)
-        if estimator is None or token2wav_batch is None or data_dir is None or concurrent_calls is None:
-            from engine.settings import Settings
-
-            settings = Settings()
-            estimator = estimator or settings.cosyvoice_estimator
-            token2wav_batch = settings.cosyvoice_token2wav_batch if token2wav_batch is None else token2wav_batch
-            data_dir = data_dir or settings.data_dir
-            concurrent_calls = concurrent_calls or settings.runner_threads
         torch.set_num_threads(max(1, threads))
         resolved = resolve_device(device)
         log.info("loading CosyVoice2 from %s on %s", model_dir, resolved)
