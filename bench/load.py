@@ -5,7 +5,7 @@
 Each simulated listener plays audio in real time from the first byte. It asks for
 an utterance, plays it as it arrives (a stall is time the player waits with an
 empty buffer, counted when over 20 ms), and asks for the next one when playback
-ends. Listeners join over the first second. For each level it prints TTFA
+ends. Listeners join one by one over the first second (``--join-seconds``). For each level it prints TTFA
 p50/p95, listeners that stalled and total stall seconds, audio seconds delivered
 per wall second, and errors (anything but audio; 503s are counted apart). "later p95" is the TTFA p95 of
 the utterances after each listener's first, once the join burst is over.
@@ -60,8 +60,9 @@ class Target:
         return client.stream("POST", f"{self.url}/synthesize", json={"text": text})
 
 
-async def listen(target: Target, index: int, level: int, utterances: int, listener: Listener) -> None:
-    await asyncio.sleep(index / level)  # join over the first second
+async def listen(target: Target, index: int, level: int, utterances: int, listener: Listener,
+                 join_s: float) -> None:
+    await asyncio.sleep(join_s * index / level)  # listeners join one by one over join_s
     async with httpx.AsyncClient(timeout=120) as client:
         for n in range(utterances):
             text = UTTERANCES[(index + n) % len(UTTERANCES)]
@@ -124,10 +125,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def run_level(target: Target, level: int, utterances: int) -> LevelResult:
+async def run_level(target: Target, level: int, utterances: int, join_s: float = 1.0) -> LevelResult:
     listeners = [Listener() for _ in range(level)]
     start = time.perf_counter()
-    await asyncio.gather(*(listen(target, i, level, utterances, listeners[i]) for i in range(level)))
+    await asyncio.gather(*(listen(target, i, level, utterances, listeners[i], join_s) for i in range(level)))
     wall = time.perf_counter() - start
     ttfa = [t for listener in listeners for t in listener.ttfa_s]
     return LevelResult(
@@ -152,11 +153,11 @@ def print_table(name: str, results: list[LevelResult]) -> None:
               f"{r.stalled:8d} {r.stall_s:8.2f} {r.audio_per_s:9.2f} {r.errors:6d} {r.rejected:5d}")
 
 
-async def measure(target: Target, levels: list[int], utterances: int) -> list[LevelResult]:
+async def measure(target: Target, levels: list[int], utterances: int, join_s: float) -> list[LevelResult]:
     await run_level(target, 2, 1)  # warm connections and caches
     results = []
     for level in levels:
-        results.append(await run_level(target, level, utterances))
+        results.append(await run_level(target, level, utterances, join_s))
     print_table(target.name, results)
     return results
 
@@ -165,6 +166,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     parser.add_argument("--utterances", type=int, default=2, help="utterances each listener plays")
+    parser.add_argument("--join-seconds", type=float, default=1.0, help="listeners join one by one over this time")
     parser.add_argument("--env", nargs="*", default=[], help="extra RTVOICE_X=Y settings for both rtvoice runs")
     parser.add_argument("--no-piper", action="store_true")
     args = parser.parse_args()
@@ -174,7 +176,8 @@ def main() -> None:
     for name, extra in (("rtvoice, batching on", {}), ("rtvoice, batching off", {"RTVOICE_MAX_BATCH_SIZE": "1"})):
         server = start_rtvoice({**env, **extra})
         try:
-            runs[name] = asyncio.run(measure(Target(name, server.url, "rtvoice"), args.levels, args.utterances))
+            runs[name] = asyncio.run(measure(Target(name, server.url, "rtvoice"), args.levels, args.utterances,
+                                             args.join_seconds))
         finally:
             server.stop()
     piper: Server | None = None
@@ -190,7 +193,7 @@ def main() -> None:
     if piper is not None:
         try:
             runs["piper HTTP"] = asyncio.run(measure(Target("Piper HTTP server", piper.url, "piper"), args.levels,
-                                                     args.utterances))
+                                                     args.utterances, args.join_seconds))
         finally:
             piper.stop()
 
