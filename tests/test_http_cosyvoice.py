@@ -11,6 +11,7 @@ import pytest
 from tests.audio import parse_wav, rms
 from tests.conftest import Server
 from tests.engine_output import synthesize
+from tests.polling import wait_for
 
 TEXT = "Hello there. This sentence comes from rtvoice, streaming as it speaks."
 LONG_TEXT = " ".join([
@@ -78,15 +79,6 @@ def test_first_audio_arrives_while_synthesis_runs(server: Server) -> None:
     assert len(first) / 2 / 22050 < 0.5  # the first chunk is small
 
 
-def _wait_for(predicate, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_disconnect_cancels_synthesis(server: Server) -> None:
     cancelled_before = server.metric("rtvoice_streams_total", {"outcome": "cancelled"})
     audio_before = server.metric("rtvoice_audio_seconds_total")
@@ -96,7 +88,7 @@ def test_disconnect_cancels_synthesis(server: Server) -> None:
         next(chunks)
         assert server.metric("rtvoice_active_streams") >= 1
     # The client is gone: the stream is cancelled and its slot freed at once.
-    assert _wait_for(lambda: server.metric("rtvoice_active_streams") == 0)
+    assert wait_for(lambda: server.metric("rtvoice_active_streams") == 0)
     assert server.metric("rtvoice_streams_total", {"outcome": "cancelled"}) == cancelled_before + 1
     # Far less than the ~90 s of speech the text holds was made.
     time.sleep(0.5)

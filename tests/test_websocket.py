@@ -18,6 +18,7 @@ from engine.models.base import SynthesisOptions
 from engine.settings import Settings
 from engine.stream import SegmentDone
 from tests.conftest import Server
+from tests.polling import wait_for
 
 SENTENCE = "This sentence comes from rtvoice, streaming as it speaks."
 LONG_TEXT = " ".join([
@@ -159,15 +160,6 @@ def session(server: Server, body: Callable[[Client], Any]) -> Any:
             return await body(Client(ws))
 
     return asyncio.run(run())
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture(scope="module")
