@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.errors import EngineError, Overloaded
+from engine.errors import EngineError, InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +26,19 @@ def error_response(status: int, message: str, type: str = "invalid_request_error
 
 
 def engine_error_response(error: EngineError) -> JSONResponse:
-    headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, Overloaded) else None
+    headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else None
     return error_response(error.status, error.message, error.type, error.code, error.param, headers)
 
 
-def validation_error_response(error: ValidationError | RequestValidationError) -> JSONResponse:
+def error_fields(error: EngineError) -> dict[str, object]:
+    """The fields of an ``error`` event on the real-time protocols (WebSocket, WHEP DataChannel)."""
+    fields: dict[str, object] = {"code": error.code, "message": error.message, "param": error.param}
+    if error.retry_after_s is not None:
+        fields["retry_after_s"] = error.retry_after_s
+    return fields
+
+
+def invalid_value(error: ValidationError | RequestValidationError) -> InvalidRequest:
     """The first problem pydantic found, named by its field."""
     first = error.errors()[0]
     location = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "form")]
@@ -38,7 +46,11 @@ def validation_error_response(error: ValidationError | RequestValidationError) -
     message = first.get("msg", "invalid request")
     if param:
         message = f"'{param}': {message}"
-    return error_response(400, message, code="invalid_value", param=param)
+    return InvalidRequest(message, code="invalid_value", param=param)
+
+
+def validation_error_response(error: ValidationError | RequestValidationError) -> JSONResponse:
+    return engine_error_response(invalid_value(error))
 
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 415: "unsupported_media_type"}

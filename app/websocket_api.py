@@ -32,9 +32,10 @@ from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocketState
 
+from app.errors import error_fields, invalid_value
 from app.state import engine_of
 from engine.engine import Engine
-from engine.errors import EngineError, Overloaded
+from engine.errors import EngineError, InvalidRequest
 from engine.models.base import SynthesisOptions, Voice
 from engine.stream import AudioChunk, SegmentDone, SpeechStream, StreamState
 from engine.text import is_speakable
@@ -62,22 +63,6 @@ class StartMessage(BaseModel):
     encoding: str = Field("pcm_s16le", description="Binary frames' format: int16 little-endian mono PCM.")
     speed: float = Field(1.0, ge=0.25, le=4.0)
     seed: int | None = Field(None, description="Makes each utterance's random draws reproducible.")
-
-
-class ClientError(Exception):
-    """A message the protocol refuses: answered with an ``error`` event, the connection stays open."""
-
-    def __init__(self, code: str, message: str, param: str | None = None, **extra: Any) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
-        self.extra = extra
-
-    @classmethod
-    def from_engine(cls, error: EngineError) -> ClientError:
-        extra = {"retry_after_s": error.retry_after_s} if isinstance(error, Overloaded) else {}
-        return cls(error.code, error.message, error.param, **extra)
 
 
 @dataclass(frozen=True)
@@ -144,7 +129,7 @@ class Connection:
                     return
                 try:
                     await self._handle(message)
-                except ClientError as error:
+                except EngineError as error:
                     await self._send_error(error)
                 except _Gone:
                     return  # the socket closed under a reply
@@ -204,9 +189,8 @@ class Connection:
     async def _send_event(self, payload: dict[str, Any]) -> None:
         await self._send(json.dumps(payload, separators=(",", ":")))
 
-    async def _send_error(self, error: ClientError, **extra: Any) -> None:
-        payload = {"type": "error", "code": error.code, "message": error.message, "param": error.param,
-                   **error.extra, **extra}
+    async def _send_error(self, error: EngineError, **extra: Any) -> None:
+        payload = {"type": "error", **error_fields(error), **extra}
         try:
             await self._send_event(payload)
         except _Gone:
@@ -248,13 +232,13 @@ class Connection:
         except EngineError as error:  # StreamFailed: this utterance is lost, the connection is not
             if self.open is utterance:
                 self.open = None
-            await self._send_error(ClientError.from_engine(error), utterance=utterance.index)
+            await self._send_error(error, utterance=utterance.index)
             return False
         if utterance.dropped:
             return False
         if stream.state is StreamState.CANCELLED:
             # Not by the client (that sets ``dropped``): the server is shutting down.
-            await self._send_error(ClientError("server_shutting_down", "the server is shutting down"),
+            await self._send_error(InvalidRequest("the server is shutting down", code="server_shutting_down"),
                                    utterance=utterance.index)
             await self._close(CLOSE_GOING_AWAY, "server shutting down")
             raise _Gone
@@ -289,13 +273,14 @@ class Connection:
 
     async def _handle(self, message: dict[str, Any]) -> None:
         if message.get("text") is None:
-            raise ClientError("invalid_message", "binary frames are not accepted; send JSON text frames")
+            raise InvalidRequest("binary frames are not accepted; send JSON text frames", code="invalid_message")
         try:
             body = json.loads(message["text"])
         except json.JSONDecodeError as error:
-            raise ClientError("invalid_json", f"message is not valid JSON: {error}") from error
+            raise InvalidRequest(f"message is not valid JSON: {error}", code="invalid_json") from error
         if not isinstance(body, dict) or not isinstance(body.get("type"), str):
-            raise ClientError("invalid_message", "a message is a JSON object with a string 'type'", "type")
+            raise InvalidRequest("a message is a JSON object with a string 'type'", code="invalid_message",
+                                 param="type")
         kind = body["type"]
         if kind == "start":
             await self._on_start(body)
@@ -308,35 +293,29 @@ class Connection:
         elif kind == "end":
             self._on_end()
         else:
-            raise ClientError("unknown_type",
-                              f"unknown message type {kind!r}; valid types: {', '.join(MESSAGE_TYPES)}", "type")
+            raise InvalidRequest(f"unknown message type {kind!r}; valid types: {', '.join(MESSAGE_TYPES)}",
+                                 code="unknown_type", param="type")
 
     def _check_open_for_input(self) -> None:
         if self.ending:
-            raise ClientError("input_closed", "the session has ended ('end' was sent); open a new connection")
+            raise InvalidRequest("the session has ended ('end' was sent); open a new connection", code="input_closed")
 
     async def _on_start(self, body: dict[str, Any]) -> None:
         self._check_open_for_input()
         try:
             start = StartMessage.model_validate(body)
         except ValidationError as error:
-            first = error.errors()[0]
-            param = ".".join(str(part) for part in first.get("loc", ())) or None
-            raise ClientError("invalid_value", f"'{param}': {first.get('msg', 'invalid value')}", param) from error
+            raise invalid_value(error) from error
         if start.encoding not in ENCODINGS:
-            raise ClientError("unsupported_encoding",
-                              f"unsupported encoding {start.encoding!r}; supported: {', '.join(ENCODINGS)}",
-                              "encoding")
-        try:
-            self.engine.check_sample_rate(start.sample_rate)
-            voice = self.engine.resolve_voice(start.voice)
-        except EngineError as error:
-            raise ClientError.from_engine(error) from error
+            raise InvalidRequest(f"unsupported encoding {start.encoding!r}; supported: {', '.join(ENCODINGS)}",
+                                 code="unsupported_encoding", param="encoding")
+        self.engine.check_sample_rate(start.sample_rate)
+        voice = self.engine.resolve_voice(start.voice)
         options = SynthesisOptions(speed=start.speed, seed=start.seed)
         try:
             voice.validate(options)
         except ValueError as error:
-            raise ClientError("invalid_value", str(error), "speed") from error
+            raise InvalidRequest(str(error), code="invalid_value", param="speed") from error
         self.config = SessionConfig(voice, start.sample_rate or voice.info.sample_rate, options)
         await self._send_event({"type": "started", "voice": voice.info.id, "sample_rate": self.config.sample_rate,
                                 "encoding": "pcm_s16le", "speed": start.speed, "seed": start.seed})
@@ -344,18 +323,18 @@ class Connection:
     def _on_text(self, body: dict[str, Any]) -> None:
         self._check_open_for_input()
         if self.config is None:
-            raise ClientError("not_started", "send 'start' before 'text'")
+            raise InvalidRequest("send 'start' before 'text'", code="not_started")
         fragment = body.get("text")
         if not isinstance(fragment, str):
-            raise ClientError("invalid_message", "'text' must be a string", "text")
+            raise InvalidRequest("'text' must be a string", code="invalid_message", param="text")
         if not fragment:
             return
         limit = self.engine.settings.max_text_chars
         held = len(self.open.text) if self.open is not None else 0
         if held + len(fragment) > limit:
-            raise ClientError("input_too_long",
-                              f"the utterance would have {held + len(fragment)} characters; the limit is {limit} "
-                              "(this fragment was dropped; 'flush' to speak what came before it)", "text")
+            raise InvalidRequest(f"the utterance would have {held + len(fragment)} characters; the limit is {limit} "
+                                 "(this fragment was dropped; 'flush' to speak what came before it)",
+                                 code="input_too_long", param="text")
         utterance = self.open or self._open_utterance()
         utterance.text += fragment
         utterance.stream.push_text(fragment)
@@ -363,10 +342,7 @@ class Connection:
 
     def _open_utterance(self) -> Utterance:
         assert self.config is not None
-        try:
-            stream = self.engine.open_stream(self.config.voice, self.config.options, self.config.sample_rate)
-        except EngineError as error:
-            raise ClientError.from_engine(error) from error
+        stream = self.engine.open_stream(self.config.voice, self.config.options, self.config.sample_rate)
         utterance = Utterance(self.next_index, stream)
         self.next_index += 1
         self.open = utterance
@@ -377,12 +353,13 @@ class Connection:
     def _on_flush(self) -> None:
         self._check_open_for_input()
         if self.config is None:
-            raise ClientError("not_started", "send 'start' before 'flush'")
+            raise InvalidRequest("send 'start' before 'flush'", code="not_started")
         utterance = self.open
         if utterance is None or not is_speakable(utterance.text):
             if utterance is not None:
                 self._drop(utterance)
-            raise ClientError("empty_input", "nothing to speak: send text with letters or digits before 'flush'")
+            raise InvalidRequest("nothing to speak: send text with letters or digits before 'flush'",
+                                 code="empty_input")
         self._close_input(utterance)
 
     def _close_input(self, utterance: Utterance) -> None:
@@ -451,8 +428,7 @@ async def tts_stream(websocket: WebSocket) -> None:
     try:
         engine_of(websocket)
     except EngineError as error:
-        await websocket.send_text(json.dumps({"type": "error", "code": error.code, "message": error.message,
-                                              "param": None}))
+        await websocket.send_text(json.dumps({"type": "error", **error_fields(error)}))
         await websocket.close(CLOSE_TRY_AGAIN_LATER, "not ready")
         return
     engine.metrics.requests.labels(PATH, "101").inc()

@@ -8,6 +8,8 @@ class EngineError(Exception):
 
     status = 400
     type = "invalid_request_error"
+    retry_after_s: int | None = None
+    """Seconds after which the same request may succeed (overload); None when retrying will not help."""
 
     def __init__(self, message: str, code: str = "invalid_request", param: str | None = None) -> None:
         super().__init__(message)

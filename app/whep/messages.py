@@ -18,15 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-
-class MessageError(Exception):
-    """A message the server will not act on; sent back as an ``error`` event."""
-
-    def __init__(self, message: str, code: str = "invalid_message", param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.param = param
+from app.errors import invalid_value
+from engine.errors import InvalidRequest
 
 
 class SpeakRequest(BaseModel):
@@ -56,42 +49,35 @@ class Cancel:
     pass
 
 
-def _first_error(error: ValidationError) -> MessageError:
-    first = error.errors()[0]
-    param = ".".join(str(part) for part in first.get("loc", ())) or None
-    message = first.get("msg", "invalid message")
-    return MessageError(f"'{param}': {message}" if param else message, code="invalid_value", param=param)
-
-
 def parse_speak(body: Any) -> SpeakRequest:
     if not isinstance(body, dict):
-        raise MessageError("the request must be a JSON object", code="invalid_json")
+        raise InvalidRequest("the request must be a JSON object", code="invalid_json")
     body = {k: v for k, v in body.items() if k != "voice_param"}
     try:
         return SpeakRequest.model_validate(body)
     except ValidationError as error:
-        raise _first_error(error) from error
+        raise invalid_value(error) from error
 
 
 def parse_message(data: str | bytes) -> SpeakRequest | Cancel:
-    """A DataChannel message: a ``tts_request`` or a ``cancel``; raises MessageError for anything else."""
+    """A DataChannel message: a ``tts_request`` or a ``cancel``; raises InvalidRequest for anything else."""
     if isinstance(data, bytes):
         try:
             data = data.decode("utf-8")
         except UnicodeDecodeError as error:
-            raise MessageError("messages are UTF-8 JSON text", code="invalid_json") from error
+            raise InvalidRequest("messages are UTF-8 JSON text", code="invalid_json") from error
     try:
         message = json.loads(data)
     except json.JSONDecodeError as error:
-        raise MessageError(f"the message is not valid JSON: {error}", code="invalid_json") from error
+        raise InvalidRequest(f"the message is not valid JSON: {error}", code="invalid_json") from error
     if not isinstance(message, dict):
-        raise MessageError("a message must be a JSON object with a 'type'", code="invalid_message")
+        raise InvalidRequest("a message must be a JSON object with a 'type'", code="invalid_message")
     kind = message.get("type")
     if kind == "tts_request":
         return parse_speak(message)
     if kind == "cancel":
         return Cancel()
-    raise MessageError(f"unknown message type {kind!r}; expected 'tts_request' or 'cancel'",
+    raise InvalidRequest(f"unknown message type {kind!r}; expected 'tts_request' or 'cancel'",
                        code="unknown_type", param="type")
 
 

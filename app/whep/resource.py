@@ -22,7 +22,8 @@ from engine.models.base import Voice
 
 from app.whep.ice import rtc_configuration
 from app.whep.mediastreams import SpeechTrack
-from app.whep.messages import Cancel, MessageError, SpeakRequest, event, parse_message
+from app.errors import error_fields
+from app.whep.messages import Cancel, SpeakRequest, event, parse_message
 from app.whep.sdp import IceFragment, Offer, SdpError, with_rtcp_mux_only
 from app.whep.speaker import Speaker, Utterance
 
@@ -155,12 +156,8 @@ class WhepResource:
                 return
             request_id = message.request_id
             self.speak(message, channel)
-        except MessageError as error:
-            self._emit(event("error", code=error.code, message=error.message, param=error.param), channel)
         except EngineError as error:
-            retry = getattr(error, "retry_after_s", None)
-            self._emit(event("error", code=error.code, message=error.message, param=error.param,
-                             request_id=request_id, retry_after_s=retry), channel)
+            self._emit(event("error", **error_fields(error), request_id=request_id), channel)
         except Exception:  # a bug here must not reach aiortc's SCTP handling
             log.exception("session %s: message handling failed", self.id)
             self._emit(event("error", code="internal_error", message="internal error", request_id=request_id),

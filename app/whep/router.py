@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from app.errors import engine_error_response, error_response
 from app.state import engine_of
 from app.whep.endpoint import WhepEndpoint
-from app.whep.messages import MessageError, parse_speak
+from app.whep.messages import parse_speak
 from app.whep.resource import IceRestartUnsupported, WhepResource
 from app.whep.sdp import SdpError, parse_fragment, parse_offer
 from engine.errors import EngineError
@@ -190,13 +190,8 @@ async def speak(request: Request, session_id: str) -> Response:
         return error_response(400, f"request body is not valid JSON: {error}", code="invalid_json")
     try:
         utterance = found.speak(parse_speak(body))
-    except MessageError as error:
-        return error_response(400, error.message, code=error.code, param=error.param)
     except EngineError as error:
-        response = engine_error_response(error)
-        if getattr(error, "retry_after_s", None) is not None:
-            response.headers["Retry-After"] = str(error.retry_after_s)  # type: ignore[attr-defined]
-        return response
+        return engine_error_response(error)
     return JSONResponse({"request_id": utterance.id, "voice": utterance.voice.info.id,
                          "queue_position": found.speaker.queue_position(utterance)}, status_code=202)
 

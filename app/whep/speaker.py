@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.errors import error_fields
 from engine.audio.framing import FrameBuffer
 from engine.engine import Engine
 from engine.errors import EngineError, StreamFailed
@@ -164,8 +165,7 @@ class Speaker:
                                                            text=utterance.text)
             except EngineError as error:
                 utterance.state = "failed"
-                self._send(utterance, "error", code=error.code, message=error.message,
-                           retry_after_s=getattr(error, "retry_after_s", None))
+                self._send(utterance, "error", **error_fields(error))
                 self._outcome("failed")
                 self.track.mark(lambda u=utterance: self._on_last_frame(u))
                 return
@@ -189,7 +189,7 @@ class Speaker:
                 utterance.frames += 1
         except StreamFailed as error:
             utterance.state = "failed"
-            self._send(utterance, "error", code=error.code, message=error.message)
+            self._send(utterance, "error", **error_fields(error))
             self._outcome("failed")
         finally:
             self.track.expecting = False
