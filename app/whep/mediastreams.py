@@ -25,7 +25,9 @@ from collections.abc import Callable
 
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from av import AudioFrame, CodecContext, Packet
+from av import Packet
+
+from engine.audio.encoding import OpusPacketEncoder
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +38,6 @@ FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 OPUS_BITRATE = 40_000
 """Mono speech; fullband at this rate is transparent for a TTS voice."""
-SETTLE_FRAMES = 4
-"""Silent frames encoded after speech before the encoder's output is the steady silence packet."""
 LATE_S = 0.06
 """A frame pulled this long after it was due counts as late."""
 RESYNC_S = 0.2
@@ -53,51 +53,6 @@ class Mark:
         self.callback = callback
 
 
-class OpusFrameEncoder:
-    """int16 mono 20 ms frames to Opus packets; silence after a settled stretch costs a cached packet."""
-
-    def __init__(self) -> None:
-        self._codec = CodecContext.create("libopus", "w")
-        self._codec.bit_rate = OPUS_BITRATE
-        self._codec.format = "s16"
-        self._codec.layout = "mono"
-        self._codec.sample_rate = SAMPLE_RATE
-        self._codec.time_base = TIME_BASE
-        self._codec.options = {"application": "voip"}
-        self.encoded = 0
-        self._silent_run = SETTLE_FRAMES  # a fresh encoder reaches the steady packet as fast as after speech
-        self._silence = self._steady_silence()
-
-    @staticmethod
-    def _frame(pcm: np.ndarray) -> AudioFrame:
-        frame = AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = SAMPLE_RATE
-        frame.time_base = TIME_BASE
-        return frame
-
-    def _encode(self, pcm: np.ndarray) -> bytes:
-        self.encoded += 1
-        packets = self._codec.encode(self._frame(pcm))
-        return b"".join(bytes(p) for p in packets)
-
-    def _steady_silence(self) -> bytes:
-        zeros = np.zeros(FRAME_SAMPLES, dtype=np.int16)
-        packet = b""
-        for _ in range(SETTLE_FRAMES + 2):
-            packet = self._encode(zeros)
-        return packet
-
-    def encode(self, pcm: np.ndarray | None) -> bytes:
-        """One frame's packet; None is a frame of silence."""
-        if pcm is not None:
-            self._silent_run = 0
-            return self._encode(pcm)
-        if self._silent_run >= SETTLE_FRAMES:
-            return self._silence
-        self._silent_run += 1
-        return self._encode(np.zeros(FRAME_SAMPLES, dtype=np.int16))
-
-
 class SpeechTrack(MediaStreamTrack):
     kind = "audio"
 
@@ -111,7 +66,7 @@ class SpeechTrack(MediaStreamTrack):
         self._low_water = 0
         self._start: float | None = None
         self._timestamp = 0
-        self._encoder = OpusFrameEncoder()
+        self._encoder = OpusPacketEncoder(SAMPLE_RATE, FRAME_SAMPLES, OPUS_BITRATE)
         self.frames_sent = 0
         self.speech_frames_sent = 0
         self.late_frames = 0

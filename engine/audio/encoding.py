@@ -1,4 +1,4 @@
-"""Streaming audio encoders: raw PCM, WAV with a streaming header, and PyAV codecs.
+"""Streaming audio encoders: raw PCM, WAV with a streaming header, PyAV codecs, and Opus packets for RTP.
 
 Every encoder takes int16 mono chunks as they come and returns the bytes that
 are ready, so a response body can be sent progressively.
@@ -6,6 +6,7 @@ are ready, so a response body can be sent progressively.
 
 from __future__ import annotations
 
+import fractions
 import struct
 from dataclasses import dataclass
 from typing import Protocol
@@ -135,6 +136,57 @@ class AvEncoder:
             self._container.close()
             self._closed = True
         return self._sink.take()
+
+
+SETTLE_FRAMES = 4
+"""Silent frames encoded after speech before an Opus encoder's output is its steady silence packet."""
+
+
+class OpusPacketEncoder:
+    """Fixed-size int16 mono frames to raw Opus packets (one per frame, no container), for RTP.
+
+    Silence settles to one identical packet a few frames after speech ends, so from then on that
+    packet is reused instead of encoding: a listener between utterances costs no codec work.
+    """
+
+    def __init__(self, sample_rate: int, frame_samples: int, bit_rate: int) -> None:
+        self.sample_rate = sample_rate
+        self.frame_samples = frame_samples
+        self._time_base = fractions.Fraction(1, sample_rate)
+        self._codec = av.CodecContext.create("libopus", "w")
+        self._codec.bit_rate = bit_rate
+        self._codec.format = "s16"
+        self._codec.layout = "mono"
+        self._codec.sample_rate = sample_rate
+        self._codec.time_base = self._time_base
+        self._codec.options = {"application": "voip"}
+        self.encoded = 0
+        self._silent_run = SETTLE_FRAMES  # a fresh encoder reaches the steady packet as fast as after speech
+        self._silence = self._steady_silence()
+
+    def _encode(self, pcm: np.ndarray) -> bytes:
+        self.encoded += 1
+        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = self.sample_rate
+        frame.time_base = self._time_base
+        return b"".join(bytes(p) for p in self._codec.encode(frame))
+
+    def _steady_silence(self) -> bytes:
+        zeros = np.zeros(self.frame_samples, dtype=np.int16)
+        packet = b""
+        for _ in range(SETTLE_FRAMES + 2):
+            packet = self._encode(zeros)
+        return packet
+
+    def encode(self, pcm: np.ndarray | None) -> bytes:
+        """One frame's packet; None is a frame of silence."""
+        if pcm is not None:
+            self._silent_run = 0
+            return self._encode(pcm)
+        if self._silent_run >= SETTLE_FRAMES:
+            return self._silence
+        self._silent_run += 1
+        return self._encode(np.zeros(self.frame_samples, dtype=np.int16))
 
 
 def create_encoder(format_name: str, sample_rate: int) -> Encoder:
