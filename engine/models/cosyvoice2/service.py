@@ -238,7 +238,8 @@ class CosyVoice2Service:
         streams = []
         for job in jobs:
             if isinstance(job, PrefillJob):
-                stream = llm.start(job.text_ids, job.prompt.text_ids, job.prompt.speech_tokens,
+                text_ids = ids_tensor(job.text_ids, self.device)
+                stream = llm.start(text_ids, job.prompt.text_ids, job.prompt.speech_tokens,
                                    generator=job.generator, min_token_text_ratio=MIN_TOKEN_TEXT_RATIO,
                                    max_token_text_ratio=MAX_TOKEN_TEXT_RATIO)
                 stream.max_len = min(stream.max_len, job.max_tokens)

@@ -73,7 +73,8 @@ class LMPrompt:
 
 @dataclass
 class PrefillJob:
-    text_ids: torch.Tensor
+    text_ids: list[int]
+    """The segment's text ids; the tensor is made in the runner, not each time the scheduler asks."""
     prompt: LMPrompt
     generator: torch.Generator
     max_tokens: int
@@ -217,8 +218,7 @@ class CosyVoice2Session(VoiceSession):
             if not self.pending:
                 return None
             segment = self.pending[0]
-            job = PrefillJob(ids_tensor(segment.text_ids, self.service.device), self.lm_prompt, self.lm_generator,
-                             self.max_tokens)
+            job = PrefillJob(segment.text_ids, self.lm_prompt, self.lm_generator, self.max_tokens)
             length = len(segment.text_ids) + self.lm_prompt.text_ids.shape[1] + self.lm_prompt.speech_tokens.shape[1]
             return Step("lm", ("lm", key, "prefill", length // 64), job, self)
         assert segment.lm is not None and segment.t2w is not None
