@@ -50,6 +50,11 @@ class RequestMetrics:
             scope["app"].state.engine.metrics.requests.labels(path, str(status)).inc()
 
 
+def _log_start_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("engine failed to start", exc_info=task.exception())
+
+
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
     settings = settings or Settings()
     engine = engine or Engine(settings)
@@ -58,8 +63,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Load voices in the background: /healthz answers at once, /readyz once they are warm.
         loading = asyncio.create_task(engine.start())
-        loading.add_done_callback(lambda task: task.cancelled() or task.exception() and log.error(
-            "engine failed to start", exc_info=task.exception()))
+        loading.add_done_callback(_log_start_failure)
         try:
             yield
         finally:

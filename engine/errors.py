@@ -33,8 +33,9 @@ class Overloaded(EngineError):
     status = 503
     type = "server_overloaded"
 
-    def __init__(self, retry_after_s: int = 1) -> None:
-        super().__init__("the server is at capacity; retry shortly", code="overloaded")
+    def __init__(self, retry_after_s: int = 1, message: str = "the server is at capacity; retry shortly",
+                 code: str = "overloaded") -> None:
+        super().__init__(message, code=code)
         self.retry_after_s = retry_after_s
 
 

@@ -36,10 +36,8 @@ class AtCapacity(Overloaded):
     """503 with Retry-After, like the engine's own overload, but for sessions."""
 
     def __init__(self, limit: int) -> None:
-        super().__init__(retry_after_s=2)
-        self.message = f"the server already holds {limit} WHEP sessions; retry shortly"
-        self.args = (self.message,)
-        self.code = "too_many_sessions"
+        super().__init__(retry_after_s=2, message=f"the server already holds {limit} WHEP sessions; retry shortly",
+                         code="too_many_sessions")
 
 
 class WhepEndpoint:
