@@ -97,27 +97,6 @@ def test_streams_do_not_share_hop_state(model: Any, vectors: dict[str, Any]) -> 
     assert second.token_offset == first.token_offset and second.hop == first.hop
 
 
-def _reference_step_call(lm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make one-token steps attend the way the reference's call does.
-
-    The reference passes, on each cached one-token step, a 2-D attention mask of length 1 (the last
-    row of a 1x1 causal mask). transformers 5.x right-pads a short 2-D mask with zeros, so in the
-    reference run each new token attended to position 0 (sos) only. Our decoder attends to the whole
-    cache, as the model was trained; to check the rest of the LM against the fixture, this patch
-    reproduces the reference's visibility (key 0 only) on one-token steps.
-    """
-    allowed = lm._allowed
-
-    def reference_allowed(past: Any, new: int, total: int) -> Any:
-        mask = allowed(past, new, total)
-        if new == 1:
-            mask = torch.zeros_like(mask)
-            mask[..., 0] = True
-        return mask
-
-    monkeypatch.setattr(lm, "_allowed", reference_allowed)
-
-
 # The fixture's decode bounds (its README): eos masked below 2 x text tokens, at most 4 x.
 MIN_TOKEN_TEXT_RATIO = 2
 MAX_TOKEN_TEXT_RATIO = 4
@@ -142,19 +121,17 @@ def _greedy_decode(model: Any, vectors: dict[str, Any]) -> tuple[list[int], Any]
 
 
 def test_llm_prefill_logp(model: Any, vectors: dict[str, Any], record_error: Any) -> None:
-    """The first step (prompt prefill) is unaffected by the reference's step-mask quirk."""
+    """The first step: the prompt prefill alone."""
     stream = model.llm.start(vectors["llm_text"], vectors["llm_prompt_text"], vectors["prompt_tokens"])
     logp = model.llm.forward_step([stream])[0]
-    assert record_error("llm_step_logp[0] (own decoder)", vectors["llm_step_logp"][0], logp) < TOL
+    assert record_error("llm_step_logp[0]", vectors["llm_step_logp"][0], logp) < TOL
 
 
-def test_llm_greedy_reference_call(
-    model: Any, vectors: dict[str, Any], record_error: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _reference_step_call(model.llm, monkeypatch)
+def test_llm_greedy_reference_call(model: Any, vectors: dict[str, Any], record_error: Any) -> None:
+    """Cached one-token steps attend to the whole cache, as the fixture's reference decode does."""
     tokens, logps = _greedy_decode(model, vectors)
     assert tokens == vectors["llm_greedy_tokens"].tolist()
-    assert record_error("llm_step_logp (reference step mask)", vectors["llm_step_logp"], logps) < TOL
+    assert record_error("llm_step_logp", vectors["llm_step_logp"], logps) < TOL
 
 
 def test_llm_cached_steps_match_full_forward(model: Any, vectors: dict[str, Any]) -> None:
