@@ -8,22 +8,22 @@ import sys
 from importlib.util import find_spec
 from pathlib import Path
 
-from engine.audio.encoding import wav_header
-from engine.errors import EngineError
-from engine.models.base import SynthesisOptions
-from engine.settings import Settings
+from rtvoice.engine.audio.encoding import wav_header
+from rtvoice.engine.errors import EngineError
+from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.settings import Settings
 
 
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from app.main import create_app
+    from rtvoice.app.main import create_app
 
     overrides = {k: v for k, v in {"host": args.host, "port": args.port, "voices_dir": args.voices_dir,
                                    "default_voice": args.voice}.items() if v is not None}
     settings = Settings(**overrides)
     if settings.cosyvoice_dir is not None:
-        from engine.models.cosyvoice2.files import CosyVoiceDirError, check_model_dir
+        from rtvoice.engine.models.cosyvoice2.files import CosyVoiceDirError, check_model_dir
 
         try:  # fail now, not after the server is up and /readyz waits forever
             check_model_dir(settings.cosyvoice_dir)
@@ -39,7 +39,7 @@ def serve(args: argparse.Namespace) -> None:
 
 
 async def _say(text: str, output: Path, voice_name: str | None, sample_rate: int | None, speed: float) -> None:
-    from engine.engine import Engine
+    from rtvoice.engine.engine import Engine
 
     engine = Engine(Settings(warmup=False))
     await engine.start()

@@ -22,13 +22,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 
-from app.errors import error_response, validation_error_response
-from app.state import engine_of
-from app.streaming import audio_body
-from engine.audio.encoding import FORMATS, create_encoder
-from engine.engine import Engine
-from engine.errors import InvalidRequest, ModelNotLoaded
-from engine.models.base import SynthesisOptions, Voice
+from rtvoice.app.errors import error_response, validation_error_response
+from rtvoice.app.state import engine_of
+from rtvoice.app.streaming import audio_body
+from rtvoice.engine.audio.encoding import FORMATS, create_encoder
+from rtvoice.engine.engine import Engine
+from rtvoice.engine.errors import InvalidRequest, ModelNotLoaded
+from rtvoice.engine.models.base import SynthesisOptions, Voice
 
 router = APIRouter(tags=["CosyVoice"])
 
@@ -158,7 +158,7 @@ async def _upload(files: dict[str, UploadFile], name: str = "prompt_wav") -> byt
     if upload is None:
         raise InvalidRequest(f"'{name}' is required: upload the prompt recording as a file", code="missing_file",
                              param=name)
-    from engine.models.cosyvoice2.frontend import MAX_UPLOAD_BYTES
+    from rtvoice.engine.models.cosyvoice2.frontend import MAX_UPLOAD_BYTES
 
     return await upload.read(MAX_UPLOAD_BYTES + 1)  # one byte over the limit is enough to refuse it
 
@@ -262,7 +262,7 @@ async def register_voice(request: Request) -> Response:
     form, files = parsed
     engine = engine_of(request)
     service = _cloning_service(engine)
-    from engine.models.cosyvoice2.voice_store import valid_voice_id  # torch: only with a model loaded
+    from rtvoice.engine.models.cosyvoice2.voice_store import valid_voice_id  # torch: only with a model loaded
 
     if not valid_voice_id(form.voice_id):
         raise InvalidRequest("'voice_id' may hold letters, digits, '_', '.' and '-' (at most 64, starting with a "

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.errors import EngineError, InvalidRequest
+from rtvoice.engine.errors import EngineError, InvalidRequest
 
 log = logging.getLogger(__name__)
 

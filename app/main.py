@@ -14,10 +14,10 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import cosyvoice_api, errors, openai_speech, ops, websocket_api
-from app import whep
-from engine.engine import Engine
-from engine.settings import Settings
+from rtvoice.app import cosyvoice_api, errors, openai_speech, ops, websocket_api
+from rtvoice.app import whep
+from rtvoice.engine.engine import Engine
+from rtvoice.engine.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from app.errors import error_response, validation_error_response
-from app.state import engine_of
-from app.streaming import audio_body, sse_body
-from engine.audio.encoding import FORMATS, create_encoder
-from engine.models.base import SynthesisOptions
-from engine.stream import SpeechStream
+from rtvoice.app.errors import error_response, validation_error_response
+from rtvoice.app.state import engine_of
+from rtvoice.app.streaming import audio_body, sse_body
+from rtvoice.engine.audio.encoding import FORMATS, create_encoder
+from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.stream import SpeechStream
 
 router = APIRouter(tags=["OpenAI"])
 

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from app.state import engine_of
+from rtvoice.app.state import engine_of
 
 router = APIRouter(tags=["Operations"])
 

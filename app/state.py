@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import Request
 from starlette.requests import HTTPConnection
 
-from engine.engine import Engine
-from engine.errors import EngineError
+from rtvoice.engine.engine import Engine
+from rtvoice.engine.errors import EngineError
 
 
 class NotReady(EngineError):

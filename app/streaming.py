@@ -11,8 +11,8 @@ import base64
 import json
 from collections.abc import AsyncIterator, Callable
 
-from engine.audio.encoding import Encoder, WavEncoder
-from engine.stream import SpeechStream
+from rtvoice.engine.audio.encoding import Encoder, WavEncoder
+from rtvoice.engine.stream import SpeechStream
 
 
 async def audio_body(stream: SpeechStream, encoder: Encoder) -> AsyncIterator[bytes]:

@@ -32,13 +32,13 @@ from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocketState
 
-from app.errors import error_fields, invalid_value
-from app.state import engine_of
-from engine.engine import Engine
-from engine.errors import EngineError, InvalidRequest
-from engine.models.base import SynthesisOptions, Voice
-from engine.stream import AudioChunk, SegmentDone, SpeechStream, StreamState
-from engine.text import is_speakable
+from rtvoice.app.errors import error_fields, invalid_value
+from rtvoice.app.state import engine_of
+from rtvoice.engine.engine import Engine
+from rtvoice.engine.errors import EngineError, InvalidRequest
+from rtvoice.engine.models.base import SynthesisOptions, Voice
+from rtvoice.engine.stream import AudioChunk, SegmentDone, SpeechStream, StreamState
+from rtvoice.engine.text import is_speakable
 
 log = logging.getLogger(__name__)
 

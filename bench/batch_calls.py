@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
-from engine.models.base import Step, SynthesisOptions
-from engine.models.piper.voice import PiperVoice
-from engine.voices import embedded_voice_path
+from rtvoice.engine.models.base import Step, SynthesisOptions
+from rtvoice.engine.models.piper.voice import PiperVoice
+from rtvoice.engine.voices import embedded_voice_path
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river."
 

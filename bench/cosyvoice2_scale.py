@@ -45,7 +45,7 @@ try:
 except ImportError:  # pragma: no cover - the cosyvoice extra is needed
     sys.exit("bench.cosyvoice2_scale needs torch and transformers (pip install -e '.[cosyvoice]')")
 
-from engine.models.base import SynthesisOptions
+from rtvoice.engine.models.base import SynthesisOptions
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_FIXTURE = REPO.parent / "shared" / "fixtures" / "cosyvoice2-tiny"
@@ -167,10 +167,10 @@ def build_released_model_dir(root: Path, seed: int = 0) -> Path:
     """A model directory with the released sizes and random weights (written as fp16 to halve the I/O)."""
     from transformers import Qwen2Config
 
-    from engine.models.cosyvoice2.config import load_config
-    from engine.models.cosyvoice2.flow import CausalMaskedDiffWithXvec
-    from engine.models.cosyvoice2.hift import HiFTGenerator
-    from engine.models.cosyvoice2.llm import Qwen2LM
+    from rtvoice.engine.models.cosyvoice2.config import load_config
+    from rtvoice.engine.models.cosyvoice2.flow import CausalMaskedDiffWithXvec
+    from rtvoice.engine.models.cosyvoice2.hift import HiFTGenerator
+    from rtvoice.engine.models.cosyvoice2.llm import Qwen2LM
 
     root.mkdir(parents=True, exist_ok=True)
     (root / "cosyvoice2.yaml").write_text(RELEASED_YAML)
@@ -211,7 +211,7 @@ def force_tokens(llm: Any, n_tokens: int) -> None:
 
 def bench_voice(service: Any, prompt_tokens: int, seed: int = 0) -> Any:
     """A zero-shot voice with a random prompt of ``prompt_tokens`` speech tokens (and its mel and text)."""
-    from engine.models.cosyvoice2.frontend import PromptFeatures
+    from rtvoice.engine.models.cosyvoice2.frontend import PromptFeatures
 
     g = torch.Generator().manual_seed(seed)
     mel_bins = service.mel_bins
@@ -274,7 +274,7 @@ class Budget:
 
 def lm_streams(service: Any, voice: Any, n: int, decode_steps: int) -> list[Any]:
     """``n`` streams, prefilled and ``decode_steps`` tokens in (so their caches have realistic lengths)."""
-    from engine.models.cosyvoice2.frontend import ids_tensor
+    from rtvoice.engine.models.cosyvoice2.frontend import ids_tensor
 
     llm = service.model.llm
     streams = []
@@ -312,7 +312,7 @@ def bench_lm(service: Any, voice: Any, sizes: list[int], repeats: int, results: 
     table("LM decode step: one batched call vs one call per stream",
           ["streams", "batched ms", "one by one ms", "batched ms/stream", "speed-up"], rows)
 
-    from engine.models.cosyvoice2.frontend import ids_tensor
+    from rtvoice.engine.models.cosyvoice2.frontend import ids_tensor
 
     rows = []
     for n in sizes:
@@ -409,7 +409,7 @@ def bench_token2wav_batch(service: Any, voice: Any, sizes: list[int], repeats: i
 def bench_estimator(service: Any, sizes: list[int], frames: int, repeats: int, optimization_level: int | None,
                     results: dict[str, Any]) -> Any:
     """Returns the fp16 engine (None without TensorRT) for the engine section to reuse."""
-    from engine.models.cosyvoice2 import trt
+    from rtvoice.engine.models.cosyvoice2 import trt
 
     device = service.device
     estimator = service.model.flow.decoder.estimator
@@ -452,9 +452,9 @@ def bench_estimator(service: Any, sizes: list[int], frames: int, repeats: int, o
 # -- 4. engine --------------------------------------------------------------------------------------
 
 async def run_level(service: Any, voice: Any, n: int, batched: bool, runner_threads: int) -> dict[str, Any]:
-    from engine.engine import Engine
-    from engine.settings import Settings
-    from engine.voices import VoiceRegistry
+    from rtvoice.engine.engine import Engine
+    from rtvoice.engine.settings import Settings
+    from rtvoice.engine.voices import VoiceRegistry
 
     registry = VoiceRegistry([voice])
     registry.cosyvoice = service
@@ -548,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(device_name)
     torch.set_num_threads(max(1, args.threads))
 
-    from engine.models.cosyvoice2.service import CosyVoice2Service
+    from rtvoice.engine.models.cosyvoice2.service import CosyVoice2Service
 
     tmp = None
     if args.model_dir is not None:

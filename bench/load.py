@@ -185,7 +185,7 @@ def main() -> None:
         try:
             import flask  # noqa: F401
 
-            from engine.voices import embedded_voice_path
+            from rtvoice.engine.voices import embedded_voice_path
 
             piper = start_piper_http(embedded_voice_path())
         except ImportError:

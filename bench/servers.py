@@ -67,7 +67,7 @@ def start_rtvoice(env: dict[str, str] | None = None, quiet: bool = True) -> Serv
     full_env = {**os.environ, "RTVOICE_HOST": "127.0.0.1", "RTVOICE_PORT": str(port),
                 "RTVOICE_LOG_LEVEL": "warning", **(env or {})}
     output = subprocess.DEVNULL if quiet else None
-    process = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], cwd=REPO, env=full_env, stdout=output)
+    process = subprocess.Popen([sys.executable, "-m", "rtvoice.app.cli", "serve"], cwd=REPO, env=full_env, stdout=output)
     url = f"http://127.0.0.1:{port}"
     _wait_ready(process, f"{url}/readyz")
     return Server(url, process)

@@ -83,7 +83,7 @@ def time_rtvoice(server: Server, text: str, runs: int) -> Timing:
 def time_piper_api(text: str, runs: int) -> Timing:
     from piper import PiperVoice
 
-    from engine.voices import embedded_voice_path
+    from rtvoice.engine.voices import embedded_voice_path
 
     voice = PiperVoice.load(embedded_voice_path())
     list(voice.synthesize("Warm up."))
@@ -125,7 +125,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
 
-    from engine.voices import embedded_voice_path
+    from rtvoice.engine.voices import embedded_voice_path
 
     rtvoice = start_rtvoice()
     piper_http = None

@@ -31,8 +31,8 @@ import websockets
 
 from bench.servers import start_rtvoice
 from bench.ttfa import TEXTS
-from engine.settings import Settings
-from engine.text import Segmenter
+from rtvoice.engine.settings import Settings
+from rtvoice.engine.text import Segmenter
 
 
 @dataclass

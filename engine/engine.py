@@ -11,19 +11,19 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from engine.audio.resample import SUPPORTED_SAMPLE_RATES
-from engine.errors import InvalidRequest, ModelNotLoaded
-from engine.metrics import Metrics
-from engine.models.base import SynthesisOptions, Voice, VoiceInfo
-from engine.runner import ModelRunner
-from engine.scheduler import Limits, Scheduler
-from engine.settings import Settings
-from engine.stream import SpeechStream
-from engine.text import Segmenter, is_speakable
-from engine.voices import VoiceRegistry
+from rtvoice.engine.audio.resample import SUPPORTED_SAMPLE_RATES
+from rtvoice.engine.errors import InvalidRequest, ModelNotLoaded
+from rtvoice.engine.metrics import Metrics
+from rtvoice.engine.models.base import SynthesisOptions, Voice, VoiceInfo
+from rtvoice.engine.runner import ModelRunner
+from rtvoice.engine.scheduler import Limits, Scheduler
+from rtvoice.engine.settings import Settings
+from rtvoice.engine.stream import SpeechStream
+from rtvoice.engine.text import Segmenter, is_speakable
+from rtvoice.engine.voices import VoiceRegistry
 
 if TYPE_CHECKING:
-    from engine.models.cosyvoice2.service import CosyVoice2Service
+    from rtvoice.engine.models.cosyvoice2.service import CosyVoice2Service
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from engine.models.base import Voice
+from rtvoice.engine.models.base import Voice
 
 
 class ModelRunner:

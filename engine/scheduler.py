@@ -24,11 +24,11 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from engine.errors import Overloaded
-from engine.metrics import Metrics
-from engine.models.base import Step
-from engine.runner import ModelRunner
-from engine.stream import SpeechStream, StreamState
+from rtvoice.engine.errors import Overloaded
+from rtvoice.engine.metrics import Metrics
+from rtvoice.engine.models.base import Step
+from rtvoice.engine.runner import ModelRunner
+from rtvoice.engine.stream import SpeechStream, StreamState
 
 log = logging.getLogger(__name__)
 

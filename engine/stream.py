@@ -17,12 +17,12 @@ from enum import Enum
 
 import numpy as np
 
-from engine.audio.pcm import to_int16
-from engine.audio.resample import StreamResampler
-from engine.errors import StreamFailed
-from engine.metrics import Metrics
-from engine.models.base import Step, Voice, VoiceSession
-from engine.text import Segmenter
+from rtvoice.engine.audio.pcm import to_int16
+from rtvoice.engine.audio.resample import StreamResampler
+from rtvoice.engine.errors import StreamFailed
+from rtvoice.engine.metrics import Metrics
+from rtvoice.engine.models.base import Step, Voice, VoiceSession
+from rtvoice.engine.text import Segmenter
 
 _ids = itertools.count(1)
 

@@ -6,13 +6,13 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.errors import UnknownVoice
-from engine.models.base import Voice, VoiceInfo
-from engine.models.piper.voice import ChunkPlan, PiperVoice
-from engine.settings import OPENAI_VOICE_NAMES, Settings
+from rtvoice.engine.errors import UnknownVoice
+from rtvoice.engine.models.base import Voice, VoiceInfo
+from rtvoice.engine.models.piper.voice import ChunkPlan, PiperVoice
+from rtvoice.engine.settings import OPENAI_VOICE_NAMES, Settings
 
 if TYPE_CHECKING:
-    from engine.models.cosyvoice2.service import CosyVoice2Service
+    from rtvoice.engine.models.cosyvoice2.service import CosyVoice2Service
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def load_cosyvoice(settings: Settings) -> CosyVoice2Service:
     """The CosyVoice2 model of ``settings.cosyvoice_dir`` (torch and transformers needed only then)."""
     assert settings.cosyvoice_dir is not None
     try:
-        from engine.models.cosyvoice2.service import CosyVoice2Service
+        from rtvoice.engine.models.cosyvoice2.service import CosyVoice2Service
     except ImportError as error:
         raise RuntimeError(
             f"RTVOICE_COSYVOICE_DIR is set but CosyVoice2's dependencies are missing ({error}); "

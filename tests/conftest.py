@@ -37,8 +37,8 @@ def start_server() -> Iterator[Callable[..., Server]]:
 @pytest.fixture(scope="session")
 def piper_voice():  # type: ignore[no-untyped-def]
     """The embedded voice, loaded in-process for model-level checks."""
-    from engine.models.piper.voice import PiperVoice
-    from engine.voices import embedded_voice_path
+    from rtvoice.engine.models.piper.voice import PiperVoice
+    from rtvoice.engine.voices import embedded_voice_path
 
     voice = PiperVoice(embedded_voice_path())
     voice.warmup()

@@ -6,9 +6,9 @@ import asyncio
 
 import numpy as np
 
-from engine.engine import Engine
-from engine.models.base import SynthesisOptions
-from engine.settings import Settings
+from rtvoice.engine.engine import Engine
+from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.settings import Settings
 
 _engine: Engine | None = None
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.audio.encoding import FORMATS, create_encoder, wav_header
-from engine.audio.pcm import hamming_crossfade, to_int16
-from engine.audio.resample import SUPPORTED_SAMPLE_RATES, StreamResampler
+from rtvoice.engine.audio.encoding import FORMATS, create_encoder, wav_header
+from rtvoice.engine.audio.pcm import hamming_crossfade, to_int16
+from rtvoice.engine.audio.resample import SUPPORTED_SAMPLE_RATES, StreamResampler
 from tests.audio import decode, dominant_frequency, parse_wav, snr_db
 
 

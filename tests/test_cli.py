@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_say_writes_a_wav(tmp_path: Path) -> None:
     out = tmp_path / "hello.wav"
-    result = subprocess.run([sys.executable, "-m", "app.cli", "say", "Hello from the command line.", "-o", str(out),
+    result = subprocess.run([sys.executable, "-m", "rtvoice.app.cli", "say", "Hello from the command line.", "-o", str(out),
                              "--sample-rate", "16000"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     header, samples = parse_wav(out.read_bytes())
@@ -22,7 +22,7 @@ def test_say_writes_a_wav(tmp_path: Path) -> None:
 
 
 def test_say_rejects_empty_text(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "app.cli", "say", "  ", "-o", str(tmp_path / "x.wav")], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "rtvoice.app.cli", "say", "  ", "-o", str(tmp_path / "x.wav")], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "empty" in result.stderr
     assert not (tmp_path / "x.wav").exists()

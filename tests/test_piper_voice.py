@@ -7,10 +7,10 @@ import onnx
 import onnxruntime
 import pytest
 
-from engine.models.base import SynthesisOptions
-from engine.models.piper import graph
-from engine.models.piper.voice import PiperVoice
-from engine.voices import embedded_voice_path
+from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.models.piper import graph
+from rtvoice.engine.models.piper.voice import PiperVoice
+from rtvoice.engine.voices import embedded_voice_path
 from tests.audio import snr_db
 
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river, and then it runs far away into the woods."

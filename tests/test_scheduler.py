@@ -10,9 +10,9 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.engine import Engine
-from engine.models.base import SynthesisOptions
-from engine.settings import Settings
+from rtvoice.engine.engine import Engine
+from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.settings import Settings
 from tests.audio import snr_db
 from tests.conftest import Server
 

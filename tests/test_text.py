@@ -1,4 +1,4 @@
-from engine.text import Segmenter, is_speakable, normalize, segment
+from rtvoice.engine.text import Segmenter, is_speakable, normalize, segment
 
 LONG = ("When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone expected "
         "a short meeting, but the discussion about the new budget, the delayed construction of the bridge, and the "

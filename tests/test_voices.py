@@ -6,7 +6,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.voices import embedded_voice_path
+from rtvoice.engine.voices import embedded_voice_path
 from tests.audio import parse_wav
 
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import websockets
 
-from engine.engine import Engine
-from engine.models.base import SynthesisOptions
-from engine.settings import Settings
-from engine.stream import SegmentDone
+from rtvoice.engine.engine import Engine
+from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.settings import Settings
+from rtvoice.engine.stream import SegmentDone
 from tests.conftest import Server
 from tests.polling import wait_for
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from engine.audio.framing import FrameBuffer
+from rtvoice.engine.audio.framing import FrameBuffer
 from tests.conftest import Server
 from tests.whep_client import SPEECH_RMS, StunResponder, WhepPlayer
 
@@ -96,8 +96,8 @@ def test_frame_buffer_cuts_fixed_frames() -> None:
 def test_speech_track_paces_packets_and_runs_marks() -> None:
     import av
 
-    from app.whep.mediastreams import FRAME_SAMPLES, SpeechTrack
-    from engine.audio.encoding import SETTLE_FRAMES
+    from rtvoice.app.whep.mediastreams import FRAME_SAMPLES, SpeechTrack
+    from rtvoice.engine.audio.encoding import SETTLE_FRAMES
 
     tone = (np.sin(np.arange(FRAME_SAMPLES) * 2 * np.pi * 440 / 48000) * 8000).astype(np.int16)
 

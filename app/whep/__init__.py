@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from app.whep.cors import WhepPreflight
-from app.whep.endpoint import WhepEndpoint
-from app.whep.router import router
+from rtvoice.app.whep.cors import WhepPreflight
+from rtvoice.app.whep.endpoint import WhepEndpoint
+from rtvoice.app.whep.router import router
 
 __all__ = ["install", "shutdown", "router", "WhepEndpoint"]
 

@@ -20,14 +20,14 @@ from typing import Any
 from aiortc import RTCPeerConnection
 from prometheus_client import Counter, Gauge
 
-from engine.engine import Engine
-from engine.errors import Overloaded
-from engine.models.base import Voice
-from engine.settings import Settings
+from rtvoice.engine.engine import Engine
+from rtvoice.engine.errors import Overloaded
+from rtvoice.engine.models.base import Voice
+from rtvoice.engine.settings import Settings
 
-from app.whep.ice import IceServer, link_headers, parse_ice_servers
-from app.whep.resource import WhepResource
-from app.whep.sdp import Offer
+from rtvoice.app.whep.ice import IceServer, link_headers, parse_ice_servers
+from rtvoice.app.whep.resource import WhepResource
+from rtvoice.app.whep.sdp import Offer
 
 log = logging.getLogger(__name__)
 

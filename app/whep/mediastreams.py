@@ -27,7 +27,7 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import Packet
 
-from engine.audio.encoding import OpusPacketEncoder
+from rtvoice.engine.audio.encoding import OpusPacketEncoder
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from app.errors import invalid_value
-from engine.errors import InvalidRequest
+from rtvoice.app.errors import invalid_value
+from rtvoice.engine.errors import InvalidRequest
 
 
 class SpeakRequest(BaseModel):

@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING
 from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.rtcdatachannel import RTCDataChannel
 
-from engine.errors import EngineError
-from engine.models.base import Voice
+from rtvoice.engine.errors import EngineError
+from rtvoice.engine.models.base import Voice
 
-from app.whep.ice import rtc_configuration
-from app.whep.mediastreams import SpeechTrack
-from app.errors import error_fields
-from app.whep.messages import Cancel, SpeakRequest, event, parse_message
-from app.whep.sdp import IceFragment, Offer, SdpError, with_rtcp_mux_only
-from app.whep.speaker import Speaker, Utterance
+from rtvoice.app.whep.ice import rtc_configuration
+from rtvoice.app.whep.mediastreams import SpeechTrack
+from rtvoice.app.errors import error_fields
+from rtvoice.app.whep.messages import Cancel, SpeakRequest, event, parse_message
+from rtvoice.app.whep.sdp import IceFragment, Offer, SdpError, with_rtcp_mux_only
+from rtvoice.app.whep.speaker import Speaker, Utterance
 
 if TYPE_CHECKING:
-    from app.whep.endpoint import WhepEndpoint
+    from rtvoice.app.whep.endpoint import WhepEndpoint
 
 log = logging.getLogger(__name__)
 

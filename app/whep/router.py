@@ -15,13 +15,13 @@ import json
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.errors import engine_error_response, error_response
-from app.state import engine_of
-from app.whep.endpoint import WhepEndpoint
-from app.whep.messages import parse_speak
-from app.whep.resource import IceRestartUnsupported, WhepResource
-from app.whep.sdp import SdpError, parse_fragment, parse_offer
-from engine.errors import EngineError
+from rtvoice.app.errors import engine_error_response, error_response
+from rtvoice.app.state import engine_of
+from rtvoice.app.whep.endpoint import WhepEndpoint
+from rtvoice.app.whep.messages import parse_speak
+from rtvoice.app.whep.resource import IceRestartUnsupported, WhepResource
+from rtvoice.app.whep.sdp import SdpError, parse_fragment, parse_offer
+from rtvoice.engine.errors import EngineError
 
 router = APIRouter(tags=["WHEP"])
 

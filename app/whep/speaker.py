@@ -21,15 +21,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.errors import error_fields
-from engine.audio.framing import FrameBuffer
-from engine.engine import Engine
-from engine.errors import EngineError, StreamFailed
-from engine.models.base import SynthesisOptions, Voice
-from engine.stream import SpeechStream
+from rtvoice.app.errors import error_fields
+from rtvoice.engine.audio.framing import FrameBuffer
+from rtvoice.engine.engine import Engine
+from rtvoice.engine.errors import EngineError, StreamFailed
+from rtvoice.engine.models.base import SynthesisOptions, Voice
+from rtvoice.engine.stream import SpeechStream
 
-from app.whep.mediastreams import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE, SpeechTrack
-from app.whep.messages import SpeakRequest, event
+from rtvoice.app.whep.mediastreams import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE, SpeechTrack
+from rtvoice.app.whep.messages import SpeakRequest, event
 
 MAX_QUEUED_AUDIO_S = 2.0
 """Speech the speaker puts on the track ahead of playback; the engine's own backpressure does the rest."""

@@ -57,7 +57,7 @@ def vectors(model_dir: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def model(model_dir: Path) -> Any:
-    from engine.models.cosyvoice2 import CosyVoice2Model
+    from rtvoice.engine.models.cosyvoice2 import CosyVoice2Model
 
     m = CosyVoice2Model.load(model_dir)
     # The vectors were made with the sine source's random phase and noise at zero.
@@ -99,6 +99,6 @@ def serving_model_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 @pytest.fixture(scope="session")
 def serving_service(serving_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A CosyVoice2Service on the serving directory (its own model instance), voices in a temp dir."""
-    from engine.models.cosyvoice2.service import CosyVoice2Service
+    from rtvoice.engine.models.cosyvoice2.service import CosyVoice2Service
 
     return CosyVoice2Service.load(serving_model_dir, tmp_path_factory.mktemp("cosyvoice2-voices"))

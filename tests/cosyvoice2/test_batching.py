@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from engine.models.cosyvoice2 import FlowPrompt  # noqa: E402
+from rtvoice.engine.models.cosyvoice2 import FlowPrompt  # noqa: E402
 
 LOGP_TOL = 1e-4
 AUDIO_TOL = 1e-4
@@ -81,7 +81,7 @@ def test_lm_batched_prefill_equals_single(model: Any, vectors: dict[str, Any]) -
 
 def test_lm_kv_buffer_grows_across_blocks(model: Any, vectors: dict[str, Any]) -> None:
     """A stream whose cache outgrows its first KV block keeps matching an uncached forward pass."""
-    from engine.models.cosyvoice2.llm import KV_BLOCK
+    from rtvoice.engine.models.cosyvoice2.llm import KV_BLOCK
 
     lm = model.llm
     stream = lm.start(vectors["llm_text"], vectors["llm_prompt_text"], vectors["prompt_tokens"],
@@ -159,7 +159,7 @@ def test_token2wav_batched_chunks_equal_solo(model: Any, vectors: dict[str, Any]
 
 def test_flow_batch_equals_single_calls(model: Any, vectors: dict[str, Any]) -> None:
     """The padded flow batch: streaming and final calls, with and without prompts, in one call."""
-    from engine.models.cosyvoice2.flow import FlowItem
+    from rtvoice.engine.models.cosyvoice2.flow import FlowItem
 
     tokens = vectors["tokens"]
     p_tok, p_feat, emb = vectors["prompt_tokens"], vectors["prompt_feat"], vectors["embedding"]
@@ -189,7 +189,7 @@ def test_token2wav_same_stream_twice_is_refused(model: Any, vectors: dict[str, A
 def test_voice_batches_token2wav_chunks_through_the_service(serving_service: Any) -> None:
     """The voice hands a batch of token2wav payloads to one batched call: each result equals its solo call;
     the limit is 1 on a CPU unless set."""
-    from engine.models.cosyvoice2.voice import Token2WavJob
+    from rtvoice.engine.models.cosyvoice2.voice import Token2WavJob
 
     voice = serving_service.speakers["cosyvoice2-saved"]
     assert voice.max_batch("token2wav") == (1 if serving_service.device.type == "cpu" else 8)

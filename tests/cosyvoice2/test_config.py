@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("yaml")
 
-from engine.models.cosyvoice2.config import ConfigError, load_config, load_hyperpyyaml_plain
+from rtvoice.engine.models.cosyvoice2.config import ConfigError, load_config, load_hyperpyyaml_plain
 
 YAML = """
 __seed: !apply:torch.manual_seed [1986]

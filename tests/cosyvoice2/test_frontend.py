@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("kaldi_native_fbank")
 
-from engine.errors import InvalidRequest  # noqa: E402
-from engine.models.cosyvoice2 import frontend  # noqa: E402
-from engine.models.cosyvoice2.frontend import (  # noqa: E402
+from rtvoice.engine.errors import InvalidRequest  # noqa: E402
+from rtvoice.engine.models.cosyvoice2 import frontend  # noqa: E402
+from rtvoice.engine.models.cosyvoice2.frontend import (  # noqa: E402
     COSYVOICE2_SPECIAL_TOKENS,
     END_OF_PROMPT,
     ByteFallbackTokenizer,
@@ -27,7 +27,7 @@ from engine.models.cosyvoice2.frontend import (  # noqa: E402
     number_words,
     whisper_log_mel,
 )
-from engine.models.cosyvoice2.voice_store import SavedVoice, VoiceStore, valid_voice_id  # noqa: E402
+from rtvoice.engine.models.cosyvoice2.voice_store import SavedVoice, VoiceStore, valid_voice_id  # noqa: E402
 from tests.cosyvoice2.standins import tone_wav  # noqa: E402
 
 # -- tokenizers -----------------------------------------------------------------------------------

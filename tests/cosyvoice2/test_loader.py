@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from engine.models.cosyvoice2 import CheckpointError, CosyVoice2Model  # noqa: E402
+from rtvoice.engine.models.cosyvoice2 import CheckpointError, CosyVoice2Model  # noqa: E402
 
 NEW_G, NEW_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
 

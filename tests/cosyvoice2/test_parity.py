@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from engine.models.cosyvoice2 import FlowPrompt  # noqa: E402
+from rtvoice.engine.models.cosyvoice2 import FlowPrompt  # noqa: E402
 
 TOL = 1e-4
 

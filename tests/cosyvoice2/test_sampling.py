@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from engine.models.cosyvoice2.config import SamplingConfig  # noqa: E402
-from engine.models.cosyvoice2.sampling import nucleus_sample, ras_sample  # noqa: E402
+from rtvoice.engine.models.cosyvoice2.config import SamplingConfig  # noqa: E402
+from rtvoice.engine.models.cosyvoice2.sampling import nucleus_sample, ras_sample  # noqa: E402
 
 
 def _decode(model: Any, vectors: dict[str, Any], seed: int) -> list[int]:

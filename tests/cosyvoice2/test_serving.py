@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("kaldi_native_fbank")
 
-from engine.models.base import SynthesisOptions  # noqa: E402
+from rtvoice.engine.models.base import SynthesisOptions  # noqa: E402
 from tests.audio import parse_wav  # noqa: E402
 from tests.conftest import Server  # noqa: E402
 from tests.cosyvoice2.standins import tone_wav  # noqa: E402
@@ -46,8 +46,8 @@ def cv_server(start_server: Callable[..., Server], serving_model_dir: Path, voic
 @pytest.fixture(scope="module")
 def local(serving_service: Any, serving_model_dir: Path, voices_dir: Path) -> Any:
     """The engine in-process on the same weights and voices directory, to compare the server's bytes against."""
-    from engine.models.cosyvoice2.service import CosyVoice2Service
-    from engine.models.cosyvoice2.voice_store import VoiceStore
+    from rtvoice.engine.models.cosyvoice2.service import CosyVoice2Service
+    from rtvoice.engine.models.cosyvoice2.voice_store import VoiceStore
 
     return CosyVoice2Service(serving_service.model, serving_model_dir, serving_service.device, VoiceStore(voices_dir))
 
@@ -55,9 +55,9 @@ def local(serving_service: Any, serving_model_dir: Path, voices_dir: Path) -> An
 def engine_pcm(service: Any, voice: Any, text: str, seed: int, rate: int | None = None,
                instructions: str | None = None) -> np.ndarray:
     """int16 samples as the engine streams them (same scheduler, resampler, int16 conversion as the server)."""
-    from engine.engine import Engine
-    from engine.settings import Settings
-    from engine.voices import VoiceRegistry
+    from rtvoice.engine.engine import Engine
+    from rtvoice.engine.settings import Settings
+    from rtvoice.engine.voices import VoiceRegistry
 
     registry = VoiceRegistry([voice])
     registry.cosyvoice = service
@@ -263,7 +263,7 @@ def test_without_a_cosyvoice_model(server: Server) -> None:
 def test_a_wrong_model_directory_stops_the_server_at_once(tmp_path: Path) -> None:
     (tmp_path / "llm.pt").write_bytes(b"")
     env = {**os.environ, "RTVOICE_COSYVOICE_DIR": str(tmp_path), "RTVOICE_PORT": "1"}
-    result = subprocess.run([sys.executable, "-m", "app.cli", "serve"], env=env, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "rtvoice.app.cli", "serve"], env=env, capture_output=True, text=True,
                             timeout=60, cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 2
     assert "is not a CosyVoice2 model directory" in result.stderr and "cosyvoice2.yaml" in result.stderr

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from engine.models.cosyvoice2 import trt  # noqa: E402
+from rtvoice.engine.models.cosyvoice2 import trt  # noqa: E402
 
 TOL = 1e-4
 

@@ -14,10 +14,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("kaldi_native_fbank")
 
-from engine.models.base import SynthesisOptions  # noqa: E402
-from engine.models.cosyvoice2.frontend import END_OF_PROMPT  # noqa: E402
-from engine.models.cosyvoice2.token2wav import MAX_HOP_FACTOR, MEL_CACHE_FRAMES  # noqa: E402
-from engine.models.cosyvoice2.voice import CosyVoice2Session, PrefillJob  # noqa: E402
+from rtvoice.engine.models.base import SynthesisOptions  # noqa: E402
+from rtvoice.engine.models.cosyvoice2.frontend import END_OF_PROMPT  # noqa: E402
+from rtvoice.engine.models.cosyvoice2.token2wav import MAX_HOP_FACTOR, MEL_CACHE_FRAMES  # noqa: E402
+from rtvoice.engine.models.cosyvoice2.voice import CosyVoice2Session, PrefillJob  # noqa: E402
 from tests.cosyvoice2.standins import tone_wav  # noqa: E402
 
 SAMPLES_PER_TOKEN = 2 * 480  # two mel frames of 480 samples at 24 kHz
@@ -175,9 +175,9 @@ def test_interleaved_sessions_match_solo_runs(serving_service: Any, prompt: Any)
 def test_concurrent_streams_through_the_engine(serving_service: Any) -> None:
     """Through the real scheduler (two runner threads calling the shared model at once): two streams at the
     same time equal each stream alone."""
-    from engine.engine import Engine
-    from engine.settings import Settings
-    from engine.voices import VoiceRegistry
+    from rtvoice.engine.engine import Engine
+    from rtvoice.engine.settings import Settings
+    from rtvoice.engine.voices import VoiceRegistry
 
     registry = VoiceRegistry(serving_service.voices())
     registry.cosyvoice = serving_service

@@ -29,9 +29,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from engine.audio.resample import resample
-from engine.errors import InvalidRequest
-from engine.text import normalize
+from rtvoice.engine.audio.resample import resample
+from rtvoice.engine.errors import InvalidRequest
+from rtvoice.engine.text import normalize
 
 from .mel import MelExtractor, slaney_mel_filterbank
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.models.base import VoiceInfo
+from rtvoice.engine.models.base import VoiceInfo
 
 from .frontend import Frontend, PromptAudio, PromptFeatures, ids_tensor, load_prompt_audio, load_tokenizer
 from .files import CosyVoiceDirError, check_model_dir

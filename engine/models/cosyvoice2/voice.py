@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from engine.models.base import Step, SynthesisOptions, Voice, VoiceInfo, VoiceSession
+from rtvoice.engine.models.base import Step, SynthesisOptions, Voice, VoiceInfo, VoiceSession
 
 from .frontend import END_OF_PROMPT, PromptFeatures, ids_tensor, normalize_segment
 from .llm import LMStream

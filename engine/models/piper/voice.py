@@ -22,9 +22,9 @@ import onnxruntime
 from piper.config import PiperConfig
 from piper.voice import PiperVoice as PiperPhonemizer
 
-from engine.audio.pcm import hamming_crossfade
-from engine.models.base import Step, SynthesisOptions, Voice, VoiceInfo, VoiceSession
-from engine.models.piper import graph
+from rtvoice.engine.audio.pcm import hamming_crossfade
+from rtvoice.engine.models.base import Step, SynthesisOptions, Voice, VoiceInfo, VoiceSession
+from rtvoice.engine.models.piper import graph
 
 
 RAMP_GROWTH = 4
