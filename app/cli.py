@@ -1,17 +1,67 @@
-"""The ``rtvoice`` command: ``serve`` runs the server, ``say`` writes speech to a WAV file."""
+"""The ``rtvoice`` command: ``serve`` runs the server, ``say`` writes speech to an audio file."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 import sys
+import tempfile
+from importlib.metadata import PackageNotFoundError, version
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
 
-from rtvoice.engine.audio.encoding import wav_header
+from pydantic import ValidationError
+
+from rtvoice.app import logs
+from rtvoice.engine.audio.encoding import FORMATS, AudioFormat, wav_header
+from rtvoice.engine.audio.resample import SUPPORTED_SAMPLE_RATES
 from rtvoice.engine.errors import EngineError
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.settings import Settings
+
+log = logging.getLogger("rtvoice.cli")
+
+SERVE_OPTIONS: dict[str, tuple[str, type]] = {
+    "--host": ("host", str),
+    "--port": ("port", int),
+    "--voices-dir": ("voices_dir", Path),
+    "--voice": ("default_voice", str),
+    "--cosyvoice-dir": ("cosyvoice_dir", Path),
+    "--log-level": ("log_level", str),
+}
+"""``serve``'s options: each overrides the setting of that name (``RTVOICE_<NAME>``)."""
+
+EXTENSION_FORMATS = {".wav": "wav", ".mp3": "mp3", ".opus": "opus", ".ogg": "opus", ".flac": "flac", ".aac": "aac",
+                     ".pcm": "pcm", ".raw": "pcm"}
+"""``say``'s output format, by the output file's extension."""
+
+
+def package_version() -> str:
+    try:
+        return version("rtvoice")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def _setting_help(field_name: str) -> str:
+    """The setting's description and default, as the settings class has them."""
+    field = Settings.model_fields[field_name]
+    description = (field.description or "").replace("``", "").split("\n\n")[0].replace("\n", " ")
+    default = field.get_default(call_default_factory=True)
+    shown = "none" if default is None else "empty" if default == "" else str(default)
+    return f"{description} Default: {shown}, or RTVOICE_{field_name.upper()}.".replace("%", "%%")
+
+
+def _settings(**overrides: Any) -> Settings:
+    try:
+        return Settings(**overrides)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        print(f"rtvoice: invalid setting: {problems}", file=sys.stderr)
+        sys.exit(2)
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -19,11 +69,12 @@ def serve(args: argparse.Namespace) -> None:
 
     from rtvoice.app.main import create_app
 
-    overrides = {k: v for k, v in {"host": args.host, "port": args.port, "voices_dir": args.voices_dir,
-                                   "default_voice": args.voice}.items() if v is not None}
-    settings = Settings(**overrides)
+    overrides = {field: getattr(args, field) for field, _ in SERVE_OPTIONS.values() if getattr(args, field) is not None}
+    settings = _settings(**overrides)
+    logs.configure(settings.log_level)
     if settings.cosyvoice_dir is not None:
         from rtvoice.engine.models.cosyvoice2.files import CosyVoiceDirError, check_model_dir
+        from rtvoice.engine.voices import COSYVOICE_INSTALL_HINT
 
         try:  # fail now, not after the server is up and /readyz waits forever
             check_model_dir(settings.cosyvoice_dir)
@@ -33,50 +84,118 @@ def serve(args: argparse.Namespace) -> None:
         missing = [name for name in ("torch", "transformers", "kaldi_native_fbank") if find_spec(name) is None]
         if missing:
             print(f"rtvoice: RTVOICE_COSYVOICE_DIR is set but {', '.join(missing)} is not installed; install with: "
-                  "pip install torch==2.13.0 && pip install -e '.[cosyvoice]'", file=sys.stderr)
+                  f"{COSYVOICE_INSTALL_HINT}", file=sys.stderr)
             sys.exit(2)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    log.info("rtvoice %s starting; voices load in the background (/readyz answers 200 when they are ready)",
+             package_version())
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+                log_config=None)  # configured above, by logs.configure
 
 
-async def _say(text: str, output: Path, voice_name: str | None, sample_rate: int | None, speed: float) -> None:
+def output_format(path: Path) -> AudioFormat | None:
+    """The format the extension of ``path`` names; None for an extension ``say`` does not write."""
+    name = EXTENSION_FORMATS.get(path.suffix.lower())
+    return FORMATS[name] if name else None
+
+
+def output_rate(fmt: AudioFormat, voice_rate: int) -> int:
+    """The voice's own rate, or for a codec that does not take it the next rate up that it does."""
+    if fmt.sample_rates is None or voice_rate in fmt.sample_rates:
+        return voice_rate
+    return min((rate for rate in fmt.sample_rates if rate >= voice_rate), default=max(fmt.sample_rates))
+
+
+async def _say(text: str, output: Path, fmt: AudioFormat, voice_name: str | None, sample_rate: int | None,
+               speed: float, seed: int | None) -> None:
+    from rtvoice.app.streaming import audio_body
+    from rtvoice.engine.audio.encoding import create_encoder
     from rtvoice.engine.engine import Engine
 
-    engine = Engine(Settings(warmup=False))
+    engine = Engine(_settings(warmup=False))
     await engine.start()
     try:
         engine.check_text(text, "text")
         voice = engine.resolve_voice(voice_name)
-        stream = engine.open_stream(voice, SynthesisOptions(speed=speed), sample_rate, text=text)
-        pcm = b"".join([chunk.tobytes() async for chunk in stream.audio()])
+        rate = sample_rate or output_rate(fmt, voice.info.sample_rate)
+        stream = engine.open_stream(voice, SynthesisOptions(speed=speed, seed=seed), rate, text=text)
+        # Written beside the output and renamed at the end: a failure leaves no half-written file.
+        handle, partial = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
+        try:
+            with os.fdopen(handle, "wb") as file:
+                async for data in audio_body(stream, create_encoder(fmt.name, rate)):
+                    file.write(data)
+                if fmt.name == "wav":  # a file, unlike a response, can say its size
+                    data_bytes = file.tell() - len(wav_header(rate))
+                    file.seek(0)
+                    file.write(wav_header(rate, data_bytes))
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(partial, 0o666 & ~umask)  # mkstemp's file is private; the output is an ordinary file
+            os.replace(partial, output)
+        except BaseException:
+            os.unlink(partial)
+            raise
     finally:
         await engine.stop()
-    output.write_bytes(wav_header(stream.sample_rate, len(pcm)) + pcm)
-    print(f"wrote {output}: {len(pcm) / 2 / stream.sample_rate:.2f} s at {stream.sample_rate} Hz")
+    print(f"wrote {output}: {fmt.name}, {stream.emitted_s:.2f} s at {rate} Hz, voice {voice.info.id}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="rtvoice", description="Real-time text-to-speech server.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    serve_parser = commands.add_parser("serve", help="run the server (settings from RTVOICE_* and .env)")
-    serve_parser.add_argument("--host")
-    serve_parser.add_argument("--port", type=int)
-    serve_parser.add_argument("--voices-dir", type=Path)
-    serve_parser.add_argument("--voice", help="default voice id")
-    say_parser = commands.add_parser("say", help="speak text into a WAV file")
-    say_parser.add_argument("text")
-    say_parser.add_argument("-o", "--output", type=Path, default=Path("out.wav"))
-    say_parser.add_argument("--voice")
-    say_parser.add_argument("--sample-rate", type=int)
-    say_parser.add_argument("--speed", type=float, default=1.0)
-    args = parser.parse_args(argv)
-    if args.command == "serve":
-        serve(args)
-        return
+def say(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    fmt = output_format(args.output)
+    if fmt is None:
+        parser.error(f"cannot tell the format of {str(args.output)!r} from its extension; use one of "
+                     f"{', '.join(EXTENSION_FORMATS)}")
+    if args.sample_rate is not None and fmt.sample_rates is not None and args.sample_rate not in fmt.sample_rates:
+        parser.error(f"{fmt.name} takes sample rates {', '.join(map(str, fmt.sample_rates))}, not {args.sample_rate}")
+    if not args.output.parent.is_dir():
+        parser.error(f"{args.output.parent} is not a directory")
+    text = sys.stdin.read() if args.text == "-" else args.text
+    logs.configure("warning")
     try:
-        asyncio.run(_say(args.text, args.output, args.voice, args.sample_rate, args.speed))
+        asyncio.run(_say(text, args.output, fmt, args.voice, args.sample_rate, args.speed, args.seed))
     except EngineError as error:
         print(f"rtvoice: {error.message}", file=sys.stderr)
         sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rtvoice", description="Real-time text-to-speech server.")
+    parser.add_argument("--version", action="version", version=f"rtvoice {package_version()}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_parser = commands.add_parser(
+        "serve", help="run the server", description="Run the server. Settings come from RTVOICE_* variables "
+        "and a .env file in the working directory (see .env.example); these options override them.")
+    for flag, (field, kind) in SERVE_OPTIONS.items():
+        annotation = Settings.model_fields[field].annotation
+        choices = get_args(annotation) if get_origin(annotation) is Literal else None
+        serve_parser.add_argument(flag, dest=field, type=kind, choices=choices, metavar=field.split("_")[-1].upper(),
+                                  help=_setting_help(field))
+    say_parser = commands.add_parser(
+        "say", help="speak text into an audio file (no server needed)",
+        description="Speak text into an audio file, without a server, with the voices the settings name "
+        "(RTVOICE_* variables and .env, as for serve).")
+    say_parser.add_argument("text", help="the text to speak; '-' reads it from standard input")
+    say_parser.add_argument(
+        "-o", "--output", type=Path, default=Path("out.wav"),
+        help="the file to write (default: out.wav). Its extension picks the format: .wav, .mp3, .opus or .ogg "
+             "(Opus in Ogg), .flac, .aac (ADTS), .pcm or .raw (int16 little-endian mono, no header)")
+    say_parser.add_argument("--voice", help="a voice id or OpenAI voice name (default: the default voice)")
+    say_parser.add_argument(
+        "--sample-rate", type=int, choices=SUPPORTED_SAMPLE_RATES, metavar="RATE",
+        help=f"output rate, one of {', '.join(map(str, SUPPORTED_SAMPLE_RATES))} (default: the voice's own; "
+             "for .opus the next rate up that Opus takes)")
+    say_parser.add_argument("--speed", type=float, default=1.0, help="0.25 to 4.0 (default: 1.0)")
+    say_parser.add_argument("--seed", type=int, help="makes the voice's random draws reproducible (default: none)")
+    say_parser.set_defaults(parser=say_parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        serve(args)
+    else:
+        say(args.parser, args)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ class SftForm(BaseModel):
     spk_id: str | None = Field(None, description="A voice id from /voices; the default voice when omitted.")
     format: Literal["wav", "pcm"] = Field("wav", description="wav: streaming WAV; pcm: raw int16 samples.")
     sample_rate: int | None = Field(None, description="Output rate; the voice's own rate when omitted.")
-    speed: float = Field(1.0, ge=0.25, le=4.0)
+    speed: float = Field(1.0, ge=0.25, le=4.0, description="Speaking rate: 2.0 is twice as fast.")
     seed: int | None = Field(None, description="Makes the voice's random draws reproducible.")
 
 
@@ -63,19 +63,59 @@ async def read_fields(request: Request) -> dict[str, str]:
     return (await read_form(request))[0]
 
 
-_SFT_DOC = {"requestBody": {"content": {
-    "application/x-www-form-urlencoded": {"schema": SftForm.model_json_schema()},
-    "multipart/form-data": {"schema": SftForm.model_json_schema()},
-}}}
+# -- OpenAPI: POST takes a form body; GET takes query parameters, and also the form body that CosyVoice's own
+# client sends with GET (read_form reads both; a field in both places takes the body's value).
+
+_PROMPT_WAV = {"type": "string", "format": "binary", "description": "The voice to copy: any audio file PyAV "
+               "decodes, 0.5 to 30 s, at least 16 kHz."}
+_FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+_GET_BODY = ("CosyVoice's client sends the fields as a form body even with GET: accepted too. A field sent in "
+             "both places takes the body's value.")
+
+
+def _query_parameters(form: type[BaseModel]) -> list[dict[str, Any]]:
+    """The form's fields as query parameters. None is required there: each may come in the body instead."""
+    schema = form.model_json_schema()
+    required = set(schema.get("required", []))
+    parameters = []
+    for name, property_schema in schema["properties"].items():
+        value_schema = {key: value for key, value in property_schema.items() if key != "description"}
+        description = property_schema.get("description", "")
+        if name in required:
+            description = f"{description} Required, here or as a form field in the body.".strip()
+        parameters.append({"name": name, "in": "query", "required": False, "schema": value_schema,
+                           "description": description})
+    return parameters
+
+
+def _form_schema(form: type[BaseModel], files: tuple[str, ...], *, fields_required: bool) -> dict[str, Any]:
+    schema = form.model_json_schema()
+    required = [*schema.get("required", [])] if fields_required else []
+    return {**schema, "properties": {**schema.get("properties", {}), **{name: _PROMPT_WAV for name in files}},
+            "required": [*required, *files]}
+
+
+def _form_doc(form: type[BaseModel], *, get: bool, files: tuple[str, ...] = (),
+              content_types: tuple[str, ...] = _FORM_TYPES) -> dict[str, Any]:
+    """``openapi_extra`` for a form route: POST's form body, or GET's query parameters and optional form body.
+
+    With ``files`` (uploads, which only a multipart body carries) the body is required on GET too.
+    """
+    schema = _form_schema(form, files, fields_required=not get)
+    body: dict[str, Any] = {"required": bool(files) or not get,
+                            "content": {content_type: {"schema": schema} for content_type in content_types}}
+    if not get:
+        return {"requestBody": body}
+    return {"parameters": _query_parameters(form), "requestBody": {**body, "description": _GET_BODY}}
 
 
 _AUDIO_RESPONSES = {200: {"content": {FORMATS["wav"].content_type: {}, FORMATS["pcm"].content_type: {}}}}
 
 
 @router.get("/inference_sft", response_class=StreamingResponse, operation_id="inference_sft_get",
-            openapi_extra=_SFT_DOC, responses=_AUDIO_RESPONSES)
+            openapi_extra=_form_doc(SftForm, get=True), responses=_AUDIO_RESPONSES)
 @router.post("/inference_sft", response_class=StreamingResponse, operation_id="inference_sft",
-             openapi_extra=_SFT_DOC, responses=_AUDIO_RESPONSES)
+             openapi_extra=_form_doc(SftForm, get=False), responses=_AUDIO_RESPONSES)
 async def inference_sft(request: Request) -> Response:
     """Speak ``tts_text`` with voice ``spk_id``, streaming as it is made."""
     try:
@@ -121,15 +161,9 @@ class Instruct2Form(PromptForm):
     instruct_text: str = Field(description="How to speak (e.g. 'Speak cheerfully.'); '<|endofprompt|>' is appended.")
 
 
-_PROMPT_WAV = {"type": "string", "format": "binary", "description": "The voice to copy: any audio file PyAV "
-               "decodes, 0.5 to 30 s, at least 16 kHz."}
-
-
-def _multipart_doc(form: type[BaseModel], files: tuple[str, ...] = ("prompt_wav",)) -> dict[str, Any]:
-    schema = form.model_json_schema()
-    schema = {**schema, "properties": {**schema.get("properties", {}), **{name: _PROMPT_WAV for name in files}},
-              "required": [*schema.get("required", []), *files]}
-    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
+def _prompt_doc(form: type[BaseModel], *, get: bool) -> dict[str, Any]:
+    """A route with the prompt recording: its body is multipart, since it carries the upload."""
+    return _form_doc(form, get=get, files=("prompt_wav",), content_types=("multipart/form-data",))
 
 
 async def _form(request: Request, model: type[BaseModel]) -> tuple[Any, dict[str, UploadFile]] | Response:
@@ -205,28 +239,28 @@ def _stream_response(engine: Engine, voice: Voice, form: PromptForm) -> Response
 
 
 @router.get("/inference_zero_shot", response_class=StreamingResponse, operation_id="inference_zero_shot_get",
-            openapi_extra=_multipart_doc(ZeroShotForm), responses=_AUDIO_RESPONSES)
+            openapi_extra=_prompt_doc(ZeroShotForm, get=True), responses=_AUDIO_RESPONSES)
 @router.post("/inference_zero_shot", response_class=StreamingResponse, operation_id="inference_zero_shot",
-             openapi_extra=_multipart_doc(ZeroShotForm), responses=_AUDIO_RESPONSES)
+             openapi_extra=_prompt_doc(ZeroShotForm, get=False), responses=_AUDIO_RESPONSES)
 async def inference_zero_shot(request: Request) -> Response:
     """CosyVoice2 zero-shot: speak ``tts_text`` in the voice of ``prompt_wav``, whose words are ``prompt_text``."""
     return await _prompt_route(request, ZeroShotForm, "zero_shot")
 
 
 @router.get("/inference_cross_lingual", response_class=StreamingResponse,
-            operation_id="inference_cross_lingual_get", openapi_extra=_multipart_doc(CrossLingualForm),
+            operation_id="inference_cross_lingual_get", openapi_extra=_prompt_doc(CrossLingualForm, get=True),
             responses=_AUDIO_RESPONSES)
 @router.post("/inference_cross_lingual", response_class=StreamingResponse, operation_id="inference_cross_lingual",
-             openapi_extra=_multipart_doc(CrossLingualForm), responses=_AUDIO_RESPONSES)
+             openapi_extra=_prompt_doc(CrossLingualForm, get=False), responses=_AUDIO_RESPONSES)
 async def inference_cross_lingual(request: Request) -> Response:
     """CosyVoice2 cross-lingual: the voice of ``prompt_wav`` (no transcript; any language) speaks ``tts_text``."""
     return await _prompt_route(request, CrossLingualForm, "cross_lingual")
 
 
 @router.get("/inference_instruct2", response_class=StreamingResponse, operation_id="inference_instruct2_get",
-            openapi_extra=_multipart_doc(Instruct2Form), responses=_AUDIO_RESPONSES)
+            openapi_extra=_prompt_doc(Instruct2Form, get=True), responses=_AUDIO_RESPONSES)
 @router.post("/inference_instruct2", response_class=StreamingResponse, operation_id="inference_instruct2",
-             openapi_extra=_multipart_doc(Instruct2Form), responses=_AUDIO_RESPONSES)
+             openapi_extra=_prompt_doc(Instruct2Form, get=False), responses=_AUDIO_RESPONSES)
 async def inference_instruct2(request: Request) -> Response:
     """CosyVoice2 instruct2: the voice of ``prompt_wav`` speaks ``tts_text`` as ``instruct_text`` says."""
     return await _prompt_route(request, Instruct2Form, "instruct2")
@@ -252,7 +286,7 @@ def _voice_json(voice: Voice) -> dict[str, Any]:
     return body
 
 
-@router.post("/v1/voices", status_code=201, tags=["Voices"], openapi_extra=_multipart_doc(RegisterForm),
+@router.post("/v1/voices", status_code=201, tags=["Voices"], openapi_extra=_prompt_doc(RegisterForm, get=False),
              responses={201: {"description": "The new voice."}, 409: {"description": "The id is taken."}})
 async def register_voice(request: Request) -> Response:
     """Register a CosyVoice2 zero-shot voice from a recording and its transcript; kept across restarts."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi_offline import FastAPIOffline
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -52,7 +53,23 @@ class RequestMetrics:
 
 def _log_start_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
-        log.error("engine failed to start", exc_info=task.exception())
+        log.error("engine failed to start: the server stays up but /readyz answers 503 and no request is served",
+                  exc_info=task.exception())
+
+
+def base_url(host: str, port: int) -> str:
+    """The URL a person on this machine opens: loopback when the server listens on every interface."""
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def _start_engine(engine: Engine, settings: Settings) -> None:
+    await engine.start()
+    url = base_url(settings.host, settings.port)
+    everywhere = " (listening on every interface)" if settings.host in ("0.0.0.0", "::", "") else ""
+    log.info("ready%s: the page at %s/, API docs at %s/docs; default voice %s (voices: %d)", everywhere, url, url,
+             engine.voices.default_id, len(engine.voices.ids()))
 
 
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
@@ -62,7 +79,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Load voices in the background: /healthz answers at once, /readyz once they are warm.
-        loading = asyncio.create_task(engine.start())
+        loading = asyncio.create_task(_start_engine(engine, settings))
         loading.add_done_callback(_log_start_failure)
         try:
             yield
@@ -72,10 +89,13 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             await whep.shutdown(app)  # WHEP: close every session before the engine goes
             await engine.stop()
 
-    app = FastAPI(
+    # FastAPIOffline: FastAPI whose /docs (Swagger UI) loads its script and style from files the package ships,
+    # not from a CDN, so the docs work offline. No ReDoc: its page fetches Redocly's logo from the network.
+    app = FastAPIOffline(
         title="rtvoice",
         summary="Real-time text-to-speech: streaming HTTP, WebSocket and WebRTC (WHEP) on one scheduler.",
         lifespan=lifespan,
+        redoc_url=None,
     )
     app.state.engine = engine
     app.state.settings = settings
@@ -98,4 +118,6 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
             return FileResponse(WEB_DIR / "index.html")
 
         app.mount("/web", StaticFiles(directory=WEB_DIR), name="web")
+    else:
+        log.warning("no demo page: %s is missing (an install without rtvoice.web), so GET / answers 404", WEB_DIR)
     return app

@@ -61,13 +61,22 @@ def _wait_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float = 9
     raise RuntimeError(f"{url} did not answer within {timeout_s} s")
 
 
-def start_rtvoice(env: dict[str, str] | None = None, quiet: bool = True) -> Server:
-    """rtvoice as its own process on a free loopback port; returns once /readyz says ready."""
+def start_rtvoice(env: dict[str, str] | None = None, quiet: bool = True, log_file: Path | None = None,
+                  command: list[str] | None = None, cwd: Path = REPO) -> Server:
+    """rtvoice as its own process on a free loopback port; returns once /readyz says ready.
+
+    With ``log_file`` its standard output and error (where the logs go) are written there. ``command``
+    replaces ``python -m rtvoice.app.cli serve`` (e.g. another installation's ``rtvoice serve``).
+    """
     port = free_port()
     full_env = {**os.environ, "RTVOICE_HOST": "127.0.0.1", "RTVOICE_PORT": str(port),
                 "RTVOICE_LOG_LEVEL": "warning", **(env or {})}
-    output = subprocess.DEVNULL if quiet else None
-    process = subprocess.Popen([sys.executable, "-m", "rtvoice.app.cli", "serve"], cwd=REPO, env=full_env, stdout=output)
+    command = command or [sys.executable, "-m", "rtvoice.app.cli", "serve"]
+    if log_file is not None:
+        with log_file.open("wb") as log:
+            process = subprocess.Popen(command, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    else:
+        process = subprocess.Popen(command, cwd=cwd, env=full_env, stdout=subprocess.DEVNULL if quiet else None)
     url = f"http://127.0.0.1:{port}"
     _wait_ready(process, f"{url}/readyz")
     return Server(url, process)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -18,12 +19,17 @@ OPENAI_VOICE_NAMES = (
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RTVOICE_", env_file=".env", extra="ignore")
+    # Attribute docstrings become field descriptions: `rtvoice serve --help` shows them.
+    model_config = SettingsConfigDict(env_prefix="RTVOICE_", env_file=".env", extra="ignore",
+                                      use_attribute_docstrings=True)
 
     # Server
     host: str = "127.0.0.1"
+    """Address the server listens on (0.0.0.0: every interface)."""
     port: int = 8000
-    log_level: str = "info"
+    """Port the server listens on."""
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
+    """Level of rtvoice's and uvicorn's logs: critical, error, warning, info, debug or trace (access: info)."""
     cors_allow_origins: list[str] = ["*"]
     """Origins allowed to call the API from a browser (JSON list)."""
 
@@ -39,6 +45,7 @@ class Settings(BaseSettings):
 
     # Limits
     max_text_chars: int = 4096
+    """Longest text one request may carry, in characters."""
     max_active_streams: int = 32
     """Streams synthesising at once; more wait in the queue."""
     max_queued_streams: int = 64
@@ -62,7 +69,9 @@ class Settings(BaseSettings):
 
     # Scheduling and threads
     max_batch_size: int = 8
+    """Most steps of one kind that share a model call (a voice may allow fewer; 1 turns batching off)."""
     max_batch_wait_ms: float = 0.0
+    """How long a call may wait for more streams to join it while another call runs."""
     urgent_margin_ms: float = 200.0
     """A stream whose listener runs out of audio within this margin goes before streams owing first audio."""
     runner_threads: int = 2
@@ -103,6 +112,11 @@ class Settings(BaseSettings):
     """torch threads inside one CosyVoice2 call (``torch.set_num_threads``); runner threads run calls side by side."""
     cosyvoice_device: str = "cpu"
     """torch device for CosyVoice2: ``cpu``, ``cuda``, ``cuda:N``, or ``auto`` (cuda when available)."""
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_case_level(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("cosyvoice_dir", "cosyvoice_voices_dir", mode="before")
     @classmethod

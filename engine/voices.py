@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,10 @@ if TYPE_CHECKING:
     from rtvoice.engine.models.cosyvoice2.service import CosyVoice2Service
 
 log = logging.getLogger(__name__)
+
+COSYVOICE_INSTALL_HINT = ("pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && "
+                          "pip install -e '.[cosyvoice]'")
+"""How to add CosyVoice2's dependencies to a checkout (CPU torch first: a bare torch pulls a CUDA build)."""
 
 
 def embedded_voice_path() -> Path:
@@ -30,7 +35,11 @@ def piper_voice_paths(settings: Settings) -> list[Path]:
         directory = Path(settings.voices_dir)
         if not directory.is_dir():
             raise FileNotFoundError(f"RTVOICE_VOICES_DIR {directory} is not a directory")
-        paths.extend(sorted(p for p in directory.glob("*.onnx") if Path(f"{p}.json").exists()))
+        for path in sorted(directory.glob("*.onnx")):
+            if Path(f"{path}.json").exists():
+                paths.append(path)
+            else:
+                log.warning("skipping %s: no %s.json (its config) beside it", path, path.name)
     return paths
 
 
@@ -60,10 +69,18 @@ class VoiceRegistry:
         )
         voices: list[Voice] = []
         for path in piper_voice_paths(settings):
-            log.info("loading voice %s", path)
-            voices.append(PiperVoice(path, plan=plan, intra_op_threads=settings.intra_op_threads))
-        cosyvoice = load_cosyvoice(settings) if settings.cosyvoice_dir is not None else None
-        if cosyvoice is not None:
+            started = time.perf_counter()
+            piper = PiperVoice(path, plan=plan, intra_op_threads=settings.intra_op_threads)
+            voices.append(piper)
+            log.info("loaded voice %s (piper, %s, %d Hz) in %.2f s from %s", piper.info.id, piper.info.language,
+                     piper.info.sample_rate, time.perf_counter() - started, path)
+        cosyvoice = None
+        if settings.cosyvoice_dir is not None:
+            started = time.perf_counter()
+            cosyvoice = load_cosyvoice(settings)
+            cosyvoice_ids = [voice.info.id for voice in cosyvoice.voices()]
+            log.info("loaded CosyVoice2 from %s in %.2f s; its voices: %s", settings.cosyvoice_dir,
+                     time.perf_counter() - started, ", ".join(cosyvoice_ids) or "none")
             for voice in cosyvoice.voices():
                 if any(v.info.id == voice.info.id for v in voices):
                     log.warning("voice id %s is taken; skipping the CosyVoice2 voice of that name", voice.info.id)
@@ -109,8 +126,13 @@ class VoiceRegistry:
         raise UnknownVoice(name, self.ids() + sorted(self._aliases), param)
 
     def warmup(self) -> None:
+        took: list[str] = []
+        started = time.perf_counter()
         for voice in self._voices.values():
+            voice_started = time.perf_counter()
             voice.warmup()
+            took.append(f"{voice.info.id} {time.perf_counter() - voice_started:.2f} s")
+        log.info("warmed up the voices in %.2f s: %s", time.perf_counter() - started, ", ".join(took))
 
 
 def load_cosyvoice(settings: Settings) -> CosyVoice2Service:
@@ -121,7 +143,7 @@ def load_cosyvoice(settings: Settings) -> CosyVoice2Service:
     except ImportError as error:
         raise RuntimeError(
             f"RTVOICE_COSYVOICE_DIR is set but CosyVoice2's dependencies are missing ({error}); "
-            "install them with: pip install torch==2.13.0 && pip install -e '.[cosyvoice]'"
+            f"install them with: {COSYVOICE_INSTALL_HINT}"
         ) from error
     return CosyVoice2Service.load(settings.cosyvoice_dir, settings.cosyvoice_voices_path,
                                   device=settings.cosyvoice_device, threads=settings.cosyvoice_threads,

@@ -1,28 +1,136 @@
-"""The ``rtvoice`` command line."""
+"""The ``rtvoice`` command line: ``say`` into every format, from standard input, reproducibly; help and version."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
-from tests.audio import parse_wav, rms
+import av
+import numpy as np
+import pytest
+
+from rtvoice.app import cli
+from rtvoice.engine.settings import Settings
+from tests.audio import decode, parse_wav, rms
+from tests.engine_output import synthesize
 
 REPO = Path(__file__).resolve().parent.parent
+TEXT = "Hello from the command line."
 
 
-def test_say_writes_a_wav(tmp_path: Path) -> None:
+def rtvoice(*args: str, stdin: str | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rtvoice.app.cli", *args], cwd=cwd, input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def best_correlation(reference: np.ndarray, test: np.ndarray, max_lag: int) -> float:
+    """The highest normalised correlation of ``test`` against ``reference`` over shifts up to ``max_lag`` samples
+    (lossy codecs add a delay of their own)."""
+    reference = reference.astype(np.float64)
+    test = test.astype(np.float64)
+    best = -1.0
+    for lag in range(max_lag + 1):
+        n = min(len(reference), len(test) - lag)
+        a, b = reference[:n], test[lag:lag + n]
+        best = max(best, float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12)))
+    return best
+
+
+def test_say_writes_a_wav_with_its_size(tmp_path: Path) -> None:
     out = tmp_path / "hello.wav"
-    result = subprocess.run([sys.executable, "-m", "rtvoice.app.cli", "say", "Hello from the command line.", "-o", str(out),
-                             "--sample-rate", "16000"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = rtvoice("say", TEXT, "-o", str(out), "--sample-rate", "16000", "--seed", "7")
     assert result.returncode == 0, result.stderr
     header, samples = parse_wav(out.read_bytes())
-    assert header["sample_rate"] == 16000 and header["data_size"] == 2 * len(samples)
-    assert 1.0 < len(samples) / 16000 < 4.0 and rms(samples) > 0.01
+    assert header["sample_rate"] == 16000
+    assert header["data_size"] == 2 * len(samples) and header["riff_size"] == 36 + 2 * len(samples)
+    assert np.array_equal(samples, synthesize(TEXT, seed=7, sample_rate=16000))
+    assert "wav" in result.stdout and str(out) in result.stdout
+
+
+def test_say_reads_standard_input_and_defaults_to_out_wav(tmp_path: Path) -> None:
+    result = rtvoice("say", "-", "--seed", "4", stdin=TEXT + "\n", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    _, samples = parse_wav((tmp_path / "out.wav").read_bytes())
+    assert np.array_equal(samples, synthesize(TEXT + "\n", seed=4))
+
+
+def test_say_with_a_seed_is_reproducible(tmp_path: Path) -> None:
+    outputs = []
+    for name, seed in (("a.pcm", "5"), ("b.pcm", "5"), ("c.pcm", "6")):
+        assert rtvoice("say", TEXT, "-o", str(tmp_path / name), "--seed", seed).returncode == 0
+        outputs.append((tmp_path / name).read_bytes())
+    assert outputs[0] == outputs[1] != outputs[2]
+    assert np.array_equal(np.frombuffer(outputs[0], "<i2"), synthesize(TEXT, seed=5))
+
+
+@pytest.mark.parametrize(("extension", "container", "codec", "rate"), [
+    (".mp3", "mp3", "mp3", 22050),
+    (".opus", "ogg", "opus", 48000),  # written at 24 kHz (Opus does not take 22050 Hz); Opus decodes at 48 kHz
+    (".ogg", "ogg", "opus", 48000),
+    (".flac", "flac", "flac", 22050),
+    (".aac", "aac", "aac", 22050),
+])
+def test_say_picks_the_format_from_the_extension(tmp_path: Path, capsys: pytest.CaptureFixture[str], extension: str,
+                                                  container: str, codec: str, rate: int) -> None:
+    out = tmp_path / f"speech{extension}"
+    fmt = cli.output_format(out)
+    assert fmt is not None
+    asyncio.run(cli._say(TEXT, out, fmt, None, None, 1.0, 3))  # what `rtvoice say TEXT -o out --seed 3` runs
+    written_rate = 24000 if codec == "opus" else rate
+    assert f"{fmt.name}, " in (printed := capsys.readouterr().out) and f"at {written_rate} Hz" in printed
+    with av.open(str(out)) as probe:
+        assert probe.format.name.split(",")[0] == container
+        assert probe.streams.audio[0].codec_context.name.startswith(codec)
+    samples, decoded_rate = decode(out.read_bytes())
+    reference = synthesize(TEXT, seed=3, sample_rate=rate).astype(np.float32) / 32767
+    assert decoded_rate == rate
+    assert abs(len(samples) - len(reference)) / rate < 0.1  # codec padding only
+    if codec == "flac":
+        assert np.array_equal(np.round(samples * 32767).astype(np.int16), (reference * 32767).round().astype(np.int16))
+    else:
+        assert best_correlation(reference, samples, max_lag=rate // 10) > 0.95
+        assert 0.5 < rms(samples) / rms(reference) < 2.0
+
+
+def test_say_refuses_what_it_cannot_write(tmp_path: Path) -> None:
+    unknown = rtvoice("say", TEXT, "-o", str(tmp_path / "speech.txt"))
+    assert unknown.returncode == 2 and "cannot tell the format" in unknown.stderr and ".mp3" in unknown.stderr
+    opus_rate = rtvoice("say", TEXT, "-o", str(tmp_path / "speech.opus"), "--sample-rate", "22050")
+    assert opus_rate.returncode == 2 and "24000" in opus_rate.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_say_rejects_empty_text(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "rtvoice.app.cli", "say", "  ", "-o", str(tmp_path / "x.wav")], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+    result = rtvoice("say", "  ", "-o", str(tmp_path / "x.wav"))
     assert result.returncode == 2 and "empty" in result.stderr
-    assert not (tmp_path / "x.wav").exists()
+    assert list(tmp_path.iterdir()) == []  # not even a partial file
+
+
+def test_version() -> None:
+    result = rtvoice("--version")
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert result.returncode == 0 and result.stdout.strip() == f"rtvoice {version}"
+
+
+def test_serve_help_describes_each_option_with_its_default() -> None:
+    result = rtvoice("serve", "--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())  # argparse wraps lines
+    for flag, (field, _) in cli.SERVE_OPTIONS.items():
+        setting = Settings.model_fields[field]
+        default = setting.get_default(call_default_factory=True)
+        shown = "none" if default is None else "empty" if default == "" else str(default)
+        first_words = " ".join((setting.description or "").replace("``", "").split()[:4])
+        assert flag in text and first_words in text, flag
+        assert f"Default: {shown}, or RTVOICE_{field.upper()}" in text, flag
+
+
+def test_say_help_names_the_default_output_and_formats() -> None:
+    text = " ".join(rtvoice("say", "--help").stdout.split())
+    assert "default: out.wav" in text
+    for extension in cli.EXTENSION_FORMATS:
+        assert extension in text
+    assert "'-' reads it from standard input" in text and "--seed" in text

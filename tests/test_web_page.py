@@ -1,11 +1,14 @@
-"""The demo page in headless Chromium (Debian's package, driven by Playwright): every transport speaks."""
+"""The demo page in headless Chromium (Debian's package, driven by Playwright): every transport speaks; the
+API docs render with the network cut off."""
 
 from __future__ import annotations
 
 import os
 import shutil
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
 from tests.conftest import Server
@@ -85,3 +88,46 @@ def test_http_speaks(page) -> None:  # type: ignore[no-untyped-def]
     stats = speak(page, "http")
     assert stats["errors"] == []
     print(f"browser HTTP text -> first audio: {stats['ttfaMs']} ms")
+
+
+@pytest.fixture
+def offline_context(browser):  # type: ignore[no-untyped-def]
+    """A browser context cut off from everything but loopback; the requests it refused are kept."""
+    context = browser.new_context()
+    refused: list[str] = []
+
+    def route(route) -> None:  # type: ignore[no-untyped-def]
+        host = urlsplit(route.request.url).hostname
+        if host in ("127.0.0.1", "localhost", "::1") or route.request.url.startswith(("data:", "blob:")):
+            route.continue_()
+        else:
+            refused.append(route.request.url)
+            route.abort("internetdisconnected")
+
+    context.route("**/*", route)
+    context.refused = refused
+    yield context
+    context.close()
+
+
+def test_docs_render_offline(offline_context, server: Server) -> None:  # type: ignore[no-untyped-def]
+    """Swagger UI at /docs loads from the server alone and lists the operations of /openapi.json."""
+    page = offline_context.new_page()
+    page.goto(server.url + "/docs")
+    page.wait_for_selector(".opblock", timeout=20_000)
+    paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    shown = page.eval_on_selector_all(".opblock", "blocks => blocks.map(b => [b.querySelector('.opblock-summary-method')"
+                                      ".textContent.toLowerCase(), b.querySelector('.opblock-summary-path')"
+                                      ".getAttribute('data-path')])")
+    expected = [[method, path] for path, operations in paths.items() for method in operations]
+    assert {tuple(op) for op in shown} == {tuple(op) for op in expected}  # an operation with two tags shows twice
+    # GET /inference_sft opened: its query parameters and the form body CosyVoice's client sends.
+    page.click("#operations-CosyVoice-inference_sft_get .opblock-summary")
+    page.wait_for_selector("#operations-CosyVoice-inference_sft_get .parameters .parameter__name", timeout=10_000)
+    parameters = page.eval_on_selector_all("#operations-CosyVoice-inference_sft_get .parameters .parameter__in",
+                                           "cells => cells.map(c => c.textContent.trim())")
+    assert parameters and set(parameters) == {"(query)"}
+    assert page.is_visible("#operations-CosyVoice-inference_sft_get .opblock-section-request-body")
+    assert offline_context.refused == []
+
+    assert httpx.get(f"{server.url}/redoc").status_code == 404  # no ReDoc: its page loads a logo from the network

@@ -24,13 +24,15 @@ class AudioFormat:
     container: str | None = None
     codec: str | None = None
     bit_rate: int | None = None
+    sample_rates: tuple[int, ...] | None = None
+    """The rates the codec takes; None: any."""
 
 
 FORMATS: dict[str, AudioFormat] = {
     "pcm": AudioFormat("pcm", "audio/pcm"),
     "wav": AudioFormat("wav", "audio/wav"),
     "mp3": AudioFormat("mp3", "audio/mpeg", "mp3", "libmp3lame", 64_000),
-    "opus": AudioFormat("opus", "audio/ogg; codecs=opus", "ogg", "libopus", 32_000),
+    "opus": AudioFormat("opus", "audio/ogg; codecs=opus", "ogg", "libopus", 32_000, (8000, 12000, 16000, 24000, 48000)),
     "aac": AudioFormat("aac", "audio/aac", "adts", "aac", 64_000),
     "flac": AudioFormat("flac", "audio/flac", "flac", "flac"),
 }
