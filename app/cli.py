@@ -105,8 +105,9 @@ def output_rate(fmt: AudioFormat, voice_rate: int) -> int:
     return min((rate for rate in fmt.sample_rates if rate >= voice_rate), default=max(fmt.sample_rates))
 
 
-async def _say(text: str, output: Path, fmt: AudioFormat, voice_name: str | None, sample_rate: int | None,
-               speed: float, seed: int | None) -> None:
+async def say_to_file(text: str, output: Path, fmt: AudioFormat, voice_name: str | None, sample_rate: int | None,
+                      speed: float, seed: int | None) -> None:
+    """Speak ``text`` into ``output`` in ``fmt`` with a voice of the settings' engine (what ``rtvoice say`` runs)."""
     from rtvoice.app.streaming import audio_body
     from rtvoice.engine.audio.encoding import create_encoder
     from rtvoice.engine.engine import Engine
@@ -152,7 +153,7 @@ def say(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     text = sys.stdin.read() if args.text == "-" else args.text
     logs.configure("warning")
     try:
-        asyncio.run(_say(text, args.output, fmt, args.voice, args.sample_rate, args.speed, args.seed))
+        asyncio.run(say_to_file(text, args.output, fmt, args.voice, args.sample_rate, args.speed, args.seed))
     except EngineError as error:
         print(f"rtvoice: {error.message}", file=sys.stderr)
         sys.exit(2)

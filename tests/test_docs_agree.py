@@ -68,7 +68,8 @@ def readme_configuration_rows() -> list[tuple[list[str], list[str]]]:
     return rows
 
 
-def test_readme_configuration_table_shows_the_defaults(clean_environment: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readme_configuration_table_shows_the_defaults(clean_environment: None,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     rows = readme_configuration_rows()
     assert len(rows) >= 8
     defaults = Settings(_env_file=None)

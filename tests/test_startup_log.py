@@ -1,20 +1,18 @@
 """What ``rtvoice serve`` logs as it starts, read from a real server process's output.
 
 Every line has a timestamp, a level and a logger; the voices loaded and how long each took; where the server is
-ready; each degraded mode as a WARNING; and no access lines for the probes polled meanwhile.
+ready; each degraded mode as a WARNING; and no access lines for the probes polled meanwhile. CosyVoice2's warnings:
+tests/cosyvoice2/test_startup_warnings.py.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import httpx
-import pytest
 
 from bench.servers import start_rtvoice
-from tests.cosyvoice2.conftest import fixture_dir
 from tests.polling import wait_for
 
 LINE = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) +[\w.]+: \S")
@@ -59,24 +57,3 @@ def test_startup_log(tmp_path: Path) -> None:
     find(lines, r' INFO +uvicorn\.access: 127\.0\.0\.1:\d+ "GET /voices HTTP/1\.1" 200')
     assert not any("GET /readyz" in line for line in lines), "probe requests stay out of the access log"
 
-
-def test_cosyvoice2_degraded_modes_are_warnings(tmp_path: Path) -> None:
-    """The tiny CosyVoice2 fixture has no tokenizer files and no prompt front end: two warnings, in the format."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    model_dir = fixture_dir()
-    if not (model_dir / "cosyvoice2.yaml").is_file():
-        message = f"CosyVoice2 fixture not found at {model_dir} (set RTVOICE_COSYVOICE2_FIXTURE)"
-        if os.environ.get("RTVOICE_REQUIRE_FIXTURES") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    lines, _ = start_and_read_log(tmp_path, RTVOICE_COSYVOICE_DIR=str(model_dir),
-                                  RTVOICE_DATA_DIR=str(tmp_path / "data"), RTVOICE_WARMUP="false")
-    assert all(LINE.match(line) for line in lines), "\n".join(lines)
-    no_tokenizer = find(lines, r" WARNING +rtvoice\.engine\.models\.cosyvoice2\.frontend: .* has no tokenizer files")
-    no_frontend = find(lines, r" WARNING +rtvoice\.engine\.models\.cosyvoice2\.service: .* has no "
-                              r"speech_tokenizer_v2\.onnx / campplus\.onnx: zero-shot, cross-lingual, instruct2")
-    loaded = find(lines, rf" INFO +rtvoice\.engine\.voices: loaded CosyVoice2 from {re.escape(str(model_dir))} "
-                         r"in \d+\.\d\d s")
-    ready = find(lines, r" INFO +rtvoice\.app\.main: ready: ")
-    assert no_tokenizer < loaded and no_frontend < loaded < ready

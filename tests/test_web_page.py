@@ -116,9 +116,9 @@ def test_docs_render_offline(offline_context, server: Server) -> None:  # type: 
     page.goto(server.url + "/docs")
     page.wait_for_selector(".opblock", timeout=20_000)
     paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
-    shown = page.eval_on_selector_all(".opblock", "blocks => blocks.map(b => [b.querySelector('.opblock-summary-method')"
-                                      ".textContent.toLowerCase(), b.querySelector('.opblock-summary-path')"
-                                      ".getAttribute('data-path')])")
+    shown = page.eval_on_selector_all(
+        ".opblock", "blocks => blocks.map(b => [b.querySelector('.opblock-summary-method').textContent.toLowerCase(),"
+                    " b.querySelector('.opblock-summary-path').getAttribute('data-path')])")
     expected = [[method, path] for path, operations in paths.items() for method in operations]
     assert {tuple(op) for op in shown} == {tuple(op) for op in expected}  # an operation with two tags shows twice
     # GET /inference_sft opened: its query parameters and the form body CosyVoice's client sends.
