@@ -21,7 +21,7 @@ run: venv
 
 $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml
 	$(PIP) install --quiet $(TORCH_CPU)
-	$(PIP) install --quiet -e '.[test,cosyvoice,bench]'
+	$(PIP) install --quiet -e '.[test,cosyvoice,bench,grpc]'
 	touch $@
 
 test-deps: $(VENV)/.test-installed

@@ -86,6 +86,14 @@ def serve(args: argparse.Namespace) -> None:
             print(f"rtvoice: RTVOICE_COSYVOICE_DIR is set but {', '.join(missing)} is not installed; install with: "
                   f"{COSYVOICE_INSTALL_HINT}", file=sys.stderr)
             sys.exit(2)
+    if settings.grpc_port is not None:
+        from rtvoice.app.cosyvoice_grpc import require_grpc
+
+        try:  # fail now with what to install, not in the middle of start-up
+            require_grpc()
+        except RuntimeError as error:
+            print(f"rtvoice: {error}", file=sys.stderr)
+            sys.exit(2)
     log.info("rtvoice %s starting; voices load in the background (/readyz answers 200 when they are ready)",
              package_version())
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,

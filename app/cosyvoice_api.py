@@ -28,9 +28,15 @@ from rtvoice.app.streaming import audio_body
 from rtvoice.engine.audio.encoding import FORMATS, create_encoder
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import InvalidRequest, ModelNotLoaded
-from rtvoice.engine.models.base import SynthesisOptions, Voice
+from rtvoice.engine.models.base import SynthesisOptions, Voice, VoiceInfo
 
 router = APIRouter(tags=["CosyVoice"])
+
+COSYVOICE2_MODEL = "cosyvoice2"
+"""``VoiceInfo.model`` of CosyVoice2 voices (engine/models/cosyvoice2/service.py's MODEL_NAME; importing it
+would import torch)."""
+COSYVOICE2_PREFIX = f"{COSYVOICE2_MODEL}-"
+"""What the ids of ``spk2info.pt`` speakers start with."""
 
 
 class SftForm(BaseModel):
@@ -128,13 +134,26 @@ async def inference_sft(request: Request) -> Response:
         return validation_error_response(error)
     engine = engine_of(request)
     engine.check_text(form.tts_text, "tts_text")
-    voice = engine.resolve_voice(form.spk_id, param="spk_id")
+    voice = resolve_speaker(engine, form.spk_id)
     engine.check_sample_rate(form.sample_rate)
     rate = form.sample_rate or voice.info.sample_rate
     stream = engine.open_stream(voice, SynthesisOptions(speed=form.speed, seed=form.seed), rate, text=form.tts_text)
     encoder = create_encoder(form.format, rate)
     return StreamingResponse(audio_body(stream, encoder), media_type=encoder.content_type,
                              headers={"X-Sample-Rate": str(rate), "X-Voice": voice.info.id})
+
+
+def resolve_speaker(engine: Engine, spk_id: str | None, param: str = "spk_id") -> Voice:
+    """A voice by id or alias; a name CosyVoice's clients know from ``spk2info.pt`` (``中文女``) finds the voice
+    rtvoice serves it as (``cosyvoice2-中文女``)."""
+    if spk_id and spk_id not in engine.voices and f"{COSYVOICE2_PREFIX}{spk_id}" in engine.voices:
+        spk_id = f"{COSYVOICE2_PREFIX}{spk_id}"
+    return engine.resolve_voice(spk_id, param=param)
+
+
+def takes_instructions(info: VoiceInfo) -> bool:
+    """True for voices that follow an instruction (CosyVoice2's instruct2); Piper voices ignore instructions."""
+    return info.model == COSYVOICE2_MODEL
 
 
 # -- CosyVoice2 with a prompt recording -------------------------------------------------------------
@@ -177,7 +196,7 @@ async def _form(request: Request, model: type[BaseModel]) -> tuple[Any, dict[str
         return validation_error_response(error)
 
 
-def _cloning_service(engine: Engine) -> Any:
+def cloning_service(engine: Engine) -> Any:
     service = engine.cosyvoice
     if not service.frontend.can_clone:
         raise ModelNotLoaded(
@@ -208,7 +227,7 @@ async def _prompt_route(request: Request, model: type[PromptForm], mode: str) ->
         return parsed
     form, files = parsed
     engine = engine_of(request)
-    service = _cloning_service(engine)
+    cloning_service(engine)  # 503 before anything is read when this server cannot use recordings
     engine.check_text(form.tts_text, "tts_text")
     instructions = None
     if isinstance(form, ZeroShotForm):
@@ -220,14 +239,21 @@ async def _prompt_route(request: Request, model: type[PromptForm], mode: str) ->
     _check_speed(form)
     data = await _upload(files)
     prompt_text = form.prompt_text if isinstance(form, ZeroShotForm) else ""
+    voice = await prompt_voice(engine, data, mode, prompt_text, instructions)
+    return _stream_response(engine, voice, form)
+
+
+async def prompt_voice(engine: Engine, data: bytes, mode: str, prompt_text: str = "", instructions: str | None = None,
+                       param: str = "prompt_wav") -> Voice:
+    """A one-off CosyVoice2 voice from a prompt recording (any audio file PyAV decodes): its features are
+    extracted off the event loop (decoding, the speech tokenizer and CAM++ take tens to hundreds of ms)."""
+    service = cloning_service(engine)
 
     def features() -> Any:
-        return service.prompt_features(service.prompt_audio(data), prompt_text)
+        return service.prompt_features(service.prompt_audio(data, param), prompt_text)
 
-    # Decoding, the speech tokenizer and CAM++ take tens to hundreds of ms: off the event loop.
     prompt = await asyncio.get_running_loop().run_in_executor(None, features)
-    voice = service.prompt_voice(prompt, mode, instructions)
-    return _stream_response(engine, voice, form)
+    return service.prompt_voice(prompt, mode, instructions)
 
 
 def _stream_response(engine: Engine, voice: Voice, form: PromptForm) -> Response:
@@ -295,7 +321,7 @@ async def register_voice(request: Request) -> Response:
         return parsed
     form, files = parsed
     engine = engine_of(request)
-    service = _cloning_service(engine)
+    service = cloning_service(engine)
     from rtvoice.engine.models.cosyvoice2.voice_store import valid_voice_id  # torch: only with a model loaded
 
     if not valid_voice_id(form.voice_id):

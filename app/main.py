@@ -15,7 +15,8 @@ from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rtvoice.app import cosyvoice_api, errors, openai_speech, ops, websocket_api
+from rtvoice.app import (cartesia_api, cosyvoice_api, cosyvoice_grpc, errors, openai_speech, ops, piper_api,
+                         websocket_api)
 from rtvoice.app import whep
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.settings import Settings
@@ -81,9 +82,14 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         # Load voices in the background: /healthz answers at once, /readyz once they are warm.
         loading = asyncio.create_task(_start_engine(engine, settings))
         loading.add_done_callback(_log_start_failure)
+        grpc_server = None
         try:
+            if settings.grpc_port:  # CosyVoice's gRPC service, same loop and engine
+                grpc_server = await cosyvoice_grpc.serve(engine, settings.host, settings.grpc_port)
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop(grace=None)
             if not loading.done():
                 loading.cancel()
             await whep.shutdown(app)  # WHEP: close every session before the engine goes
@@ -104,6 +110,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.include_router(openai_speech.router)
     app.include_router(cosyvoice_api.router)
     app.include_router(websocket_api.router)
+    app.include_router(cartesia_api.router)
+    app.include_router(piper_api.router)
     app.add_middleware(RequestMetrics)
     app.add_middleware(
         CORSMiddleware, allow_origins=settings.cors_allow_origins, allow_methods=["*"], allow_headers=["*"],

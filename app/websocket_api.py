@@ -30,10 +30,11 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.websockets import WebSocketState
 
 from rtvoice.app.errors import error_fields, invalid_value
 from rtvoice.app.state import engine_of
+from rtvoice.app.websocket_io import CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, CLOSE_TRY_AGAIN_LATER
+from rtvoice.app.websocket_io import Gone, SocketWriter
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, InvalidRequest
 from rtvoice.engine.models.base import SynthesisOptions, Voice
@@ -48,11 +49,6 @@ PATH = "/v1/tts/stream"
 ENCODINGS = ("pcm_s16le",)
 MESSAGE_TYPES = ("start", "text", "flush", "cancel", "end")
 
-# Close codes (RFC 6455 and IANA's registry).
-CLOSE_NORMAL = 1000
-CLOSE_GOING_AWAY = 1001
-CLOSE_INTERNAL_ERROR = 1011
-CLOSE_TRY_AGAIN_LATER = 1013
 
 
 class StartMessage(BaseModel):
@@ -109,13 +105,12 @@ class Connection:
         """Utterances waiting for the sender, in order; ``_END`` last once the client sent ``end``."""
         self.queued = asyncio.Event()
         self.ending = False
-        self.closed = False
+        self.writer = SocketWriter(websocket)
         self.next_index = 0
         self.total_audio_s = 0.0
         self.utterances_done = 0
         self.previous_end = 0.0
         """When the sender finished the previous utterance (monotonic)."""
-        self._send_lock = asyncio.Lock()
         self._sender: asyncio.Task[None] | None = None
 
     # -- the two tasks ----------------------------------------------------------------------------------
@@ -131,7 +126,7 @@ class Connection:
                     await self._handle(message)
                 except EngineError as error:
                     await self._send_error(error)
-                except _Gone:
+                except Gone:
                     return  # the socket closed under a reply
         finally:
             # The client left (or the server closed the socket): free its work at once.
@@ -159,7 +154,7 @@ class Connection:
                     await self._finish(item, final)
                     if final:
                         return
-        except _Gone:
+        except Gone:
             self._drop_all()
         except Exception:
             log.exception("websocket sender failed")
@@ -174,38 +169,20 @@ class Connection:
     # -- sending ---------------------------------------------------------------------------------------
 
     async def _send(self, text: str | None = None, data: bytes | None = None) -> None:
-        async with self._send_lock:
-            if self.closed:
-                raise _Gone
-            try:
-                if data is not None:
-                    await self.ws.send_bytes(data)
-                else:
-                    await self.ws.send_text(text or "")
-            except Exception as error:  # the client is gone: every transport says so differently
-                self.closed = True
-                raise _Gone from error
+        await self.writer.send(text, data)
 
     async def _send_event(self, payload: dict[str, Any]) -> None:
-        await self._send(json.dumps(payload, separators=(",", ":")))
+        await self.writer.send_json(payload)
 
     async def _send_error(self, error: EngineError, **extra: Any) -> None:
         payload = {"type": "error", **error_fields(error), **extra}
         try:
             await self._send_event(payload)
-        except _Gone:
+        except Gone:
             pass  # the receive loop sees the disconnect next
 
     async def _close(self, code: int, reason: str = "") -> None:
-        async with self._send_lock:
-            if self.closed:
-                return
-            self.closed = True
-            if self.ws.application_state is WebSocketState.CONNECTED:
-                try:
-                    await self.ws.close(code, reason)
-                except Exception:
-                    pass
+        await self.writer.close(code, reason)
 
     async def _speak(self, utterance: Utterance) -> bool:
         """Send one utterance's audio and segment ends; False when it ended without a ``done``."""
@@ -241,7 +218,7 @@ class Connection:
             await self._send_error(InvalidRequest("the server is shutting down", code="server_shutting_down"),
                                    utterance=utterance.index)
             await self._close(CLOSE_GOING_AWAY, "server shutting down")
-            raise _Gone
+            raise Gone
         return True
 
     async def _finish(self, utterance: Utterance | None, final: bool = True) -> None:
@@ -373,12 +350,12 @@ class Connection:
         self._drop_all()
         # Stop the sender where it is (at most the frame already written goes out), then start a fresh one.
         await self._stop_sender()
-        if self.closed:
+        if self.writer.closed:
             return
         self._sender = asyncio.create_task(self._send_loop(), name="rtvoice-ws-sender")
         try:
             await self._send_event({"type": "cancelled", "utterances": stopped})
-        except _Gone:
+        except Gone:
             pass
 
     def _on_end(self) -> None:
@@ -414,10 +391,6 @@ class Connection:
             self._drop(utterance)
         if self.open is not None:
             self._drop(self.open)
-
-
-class _Gone(Exception):
-    """The socket is closed: stop sending."""
 
 
 @router.websocket(PATH)

@@ -95,6 +95,11 @@ class Settings(BaseSettings):
     whep_max_pending_requests: int = 8
     """Utterances one session may have playing or queued; past this a request is refused (queue_full)."""
 
+    # --- gRPC (CosyVoice's service; app/cosyvoice_grpc) --------------------------------------------
+    grpc_port: int | None = Field(None, ge=1, le=65535)
+    """Port of CosyVoice's gRPC service (``cosyvoice.CosyVoice/Inference``) on ``host``, served by the same
+    process and engine; unset (the default) turns it off. Needs the ``grpc`` extra (grpcio)."""
+
     # --- CosyVoice2 (engine/models/cosyvoice2) ----------------------------------------------------
     cosyvoice_dir: Path | None = None
     """A CosyVoice2 model directory (e.g. CosyVoice2-0.5B); when set, it loads beside the Piper voices.
@@ -118,9 +123,9 @@ class Settings(BaseSettings):
     def _lower_case_level(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
 
-    @field_validator("cosyvoice_dir", "cosyvoice_voices_dir", mode="before")
+    @field_validator("cosyvoice_dir", "cosyvoice_voices_dir", "grpc_port", mode="before")
     @classmethod
-    def _empty_path_is_unset(cls, value: object) -> object:
+    def _empty_is_unset(cls, value: object) -> object:
         # ``RTVOICE_COSYVOICE_DIR=`` (as in a copied .env) means "not set", not the working directory.
         return None if isinstance(value, str) and not value.strip() else value
 

@@ -14,6 +14,8 @@ from typing import Protocol
 import av
 import numpy as np
 
+from rtvoice.engine.audio.pcm import to_float32
+
 UNKNOWN_SIZE = 0xFFFFFFFF
 
 
@@ -63,6 +65,18 @@ class PcmEncoder:
 
     def encode(self, pcm: np.ndarray) -> bytes:
         return pcm.astype("<i2", copy=False).tobytes()
+
+    def finish(self) -> bytes:
+        return b""
+
+
+class PcmF32Encoder:
+    """Raw float32 little-endian samples in [-1, 1] (Cartesia's ``pcm_f32le``)."""
+
+    content_type = FORMATS["pcm"].content_type
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        return to_float32(pcm).astype("<f4", copy=False).tobytes()
 
     def finish(self) -> bytes:
         return b""

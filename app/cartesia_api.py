@@ -1,0 +1,475 @@
+"""Cartesia's TTS API: the WebSocket ``/tts/websocket`` and ``POST /tts/bytes``.
+
+Clients written for Cartesia (Pipecat's ``CartesiaTTSService``, LiveKit's ``cartesia.TTS``) work with nothing
+changed but the URL. ``api_key``/``X-API-Key`` and ``cartesia_version``/``Cartesia-Version`` are accepted and
+not checked (rtvoice has no API keys); ``model_id``, ``language`` and the voice controls other than
+``generation_config.speed`` are accepted and ignored.
+
+The WebSocket is built around Cartesia's contexts. Each context is one engine stream:
+
+* its first generation request fixes the voice, the output format (``raw`` ``pcm_s16le`` or ``pcm_f32le`` at
+  ``sample_rate``) and the speed; later requests on it add text (``transcript``, pushed to the stream as it
+  arrives: sentence ends start synthesis at once);
+* ``max_buffer_delay_ms`` (default 3000, as Cartesia's) bounds how long text without a sentence end waits
+  before it is spoken; ``0`` speaks each transcript as it comes (the client buffers);
+* ``flush: true`` speaks what is buffered now, and ``flush_done`` (with its ``flush_id``) follows the audio
+  of everything sent before it;
+* ``continue: false`` ends the context's input; ``done`` follows its last ``chunk``, and the id may then be
+  used again for a new context;
+* ``{"context_id": ..., "cancel": true}`` stops the context at once: nothing more is sent for it.
+
+Contexts on one socket run side by side (each has a sender task) and their chunks interleave, as Cartesia's
+do. Every message the server sends carries its ``context_id``. An ``error`` is ``done: true``: the context it
+names has ended (the exception is a request for a context whose input already ended, which keeps speaking).
+
+Word timestamps: ``add_timestamps`` is accepted, but the engine does not produce word timings yet, so no
+``timestamps`` message is sent (never made-up times). ``timestamps_message`` is the one place where word
+timings become Cartesia's ``word_timestamps``, and ``ContextSender.on_event`` the one place that will send them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import bisect
+import json
+import logging
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request, WebSocket
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rtvoice.app.errors import error_response, invalid_value, validation_error_response
+from rtvoice.app.state import engine_of
+from rtvoice.app.streaming import audio_body
+from rtvoice.app.websocket_io import CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, Gone, SocketWriter
+from rtvoice.engine.audio.encoding import Encoder, PcmEncoder, PcmF32Encoder, WavEncoder, create_encoder
+from rtvoice.engine.engine import Engine
+from rtvoice.engine.errors import EngineError, InvalidRequest, Overloaded
+from rtvoice.engine.models.base import SynthesisOptions, Voice
+from rtvoice.engine.stream import AudioChunk, SegmentDone, SpeechStream, StreamState
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(tags=["Cartesia"])
+
+WEBSOCKET_PATH = "/tts/websocket"
+BYTES_PATH = "/tts/bytes"
+STATUS_PARTIAL = 206
+"""Cartesia's ``status_code`` on every message of a context in progress."""
+STATUS_TOO_MANY = 429
+"""Cartesia's ``status_code`` for a concurrency limit: rtvoice's ``overloaded``."""
+DEFAULT_BUFFER_DELAY_MS = 3000
+"""Cartesia's default ``max_buffer_delay_ms``."""
+RAW_ENCODERS: dict[str, type[PcmEncoder] | type[PcmF32Encoder]] = {"pcm_s16le": PcmEncoder,
+                                                                    "pcm_f32le": PcmF32Encoder}
+CARTESIA_VOICE_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE)
+"""Cartesia's voice ids are UUIDs."""
+
+
+# -- requests --------------------------------------------------------------------------------------
+
+class VoiceSpecifier(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    mode: Literal["id", "embedding"] = "id"
+    id: str | None = Field(None, description="An rtvoice voice id or alias; a Cartesia voice id (a UUID) that "
+                                             "names no rtvoice voice speaks with the default voice.")
+
+
+class OutputFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    container: Literal["raw", "wav", "mp3"] = "raw"
+    encoding: str = "pcm_s16le"
+    sample_rate: int | None = Field(None, description="The voice's own rate when omitted.")
+
+
+class GenerationConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    speed: float | None = Field(None, ge=0.25, le=4.0)
+
+
+class SpeechRequest(BaseModel):
+    """The fields /tts/bytes and a WebSocket generation request share."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    model_id: str | None = Field(None, description="Accepted; the voice decides the model.")
+    transcript: str = ""
+    voice: VoiceSpecifier = Field(default_factory=VoiceSpecifier)
+    output_format: OutputFormat = Field(default_factory=OutputFormat)
+    language: str | None = Field(None, description="Accepted; the voice decides the language.")
+    generation_config: GenerationConfig = Field(default_factory=GenerationConfig)
+
+
+class GenerationRequest(SpeechRequest):
+    context_id: str | None = None
+    continue_: bool = Field(False, alias="continue")
+    flush: bool = False
+    add_timestamps: bool = False
+    max_buffer_delay_ms: int | None = Field(None, ge=0, le=5000)
+
+
+@dataclass(frozen=True)
+class Synthesis:
+    """What a request's voice, format and generation config resolve to."""
+
+    voice: Voice
+    sample_rate: int
+    options: SynthesisOptions
+    output_format: OutputFormat
+
+
+def resolve_voice(engine: Engine, voice: VoiceSpecifier) -> Voice:
+    """An rtvoice voice by id or alias; Cartesia's own voice ids, which no rtvoice voice has, speak with the
+    default voice, so a client switched from Cartesia keeps working. Any other unknown name is an error."""
+    if voice.mode != "id":
+        raise InvalidRequest("voice embeddings are not supported; give a voice by id (voice.mode 'id')",
+                             code="unsupported_voice_mode", param="voice.mode")
+    name = voice.id
+    if name and name not in engine.voices and CARTESIA_VOICE_ID.match(name):
+        name = None
+    return engine.resolve_voice(name, param="voice.id")
+
+
+def resolve(engine: Engine, request: SpeechRequest) -> Synthesis:
+    voice = resolve_voice(engine, request.voice)
+    engine.check_sample_rate(request.output_format.sample_rate, "output_format.sample_rate")
+    options = SynthesisOptions(speed=request.generation_config.speed or 1.0)
+    try:
+        voice.validate(options)
+    except ValueError as error:
+        raise InvalidRequest(str(error), code="invalid_value", param="generation_config.speed") from error
+    return Synthesis(voice, request.output_format.sample_rate or voice.info.sample_rate, options,
+                     request.output_format)
+
+
+def create_cartesia_encoder(fmt: OutputFormat, sample_rate: int, containers: Sequence[str]) -> Encoder:
+    if fmt.container not in containers:
+        raise InvalidRequest(f"container {fmt.container!r} is not served here; use {', '.join(containers)}",
+                             code="unsupported_format", param="output_format.container")
+    if fmt.container == "mp3":
+        return create_encoder("mp3", sample_rate)
+    encodings = ["pcm_s16le"] if fmt.container == "wav" else list(RAW_ENCODERS)
+    if fmt.encoding not in encodings:
+        raise InvalidRequest(f"encoding {fmt.encoding!r} is not served in a {fmt.container} container; use "
+                             f"{', '.join(encodings)}", code="unsupported_encoding", param="output_format.encoding")
+    if fmt.container == "wav":
+        return WavEncoder(sample_rate)
+    return RAW_ENCODERS[fmt.encoding]()
+
+
+# -- server messages -------------------------------------------------------------------------------
+
+def chunk_message(context_id: str, data: bytes, flush_id: int) -> dict[str, Any]:
+    return {"type": "chunk", "data": base64.b64encode(data).decode(), "done": False, "status_code": STATUS_PARTIAL,
+            "flush_id": flush_id, "context_id": context_id}
+
+
+def flush_done_message(context_id: str, flush_id: int) -> dict[str, Any]:
+    return {"type": "flush_done", "done": False, "flush_done": True, "flush_id": flush_id,
+            "status_code": STATUS_PARTIAL, "context_id": context_id}
+
+
+def done_message(context_id: str) -> dict[str, Any]:
+    return {"type": "done", "done": True, "status_code": STATUS_PARTIAL, "context_id": context_id}
+
+
+def timestamps_message(context_id: str, words: Sequence[str], starts_s: Sequence[float],
+                       ends_s: Sequence[float]) -> dict[str, Any]:
+    """Word timings (seconds in the context's audio) as Cartesia's ``timestamps`` message: the one place where
+    rtvoice's word timings become ``word_timestamps``. Unused until the engine produces word timings."""
+    return {"type": "timestamps", "done": False, "status_code": STATUS_PARTIAL, "context_id": context_id,
+            "word_timestamps": {"words": list(words), "start": [round(s, 4) for s in starts_s],
+                                "end": [round(e, 4) for e in ends_s]}}
+
+
+def error_message(error: EngineError, context_id: str | None) -> dict[str, Any]:
+    """Cartesia's WebSocket error event, from an engine error (its code, message and param are rtvoice's)."""
+    payload: dict[str, Any] = {
+        "type": "error", "done": True,
+        "status_code": STATUS_TOO_MANY if isinstance(error, Overloaded) else error.status,
+        "error_code": error.code, "title": error.code.replace("_", " ").capitalize(), "message": error.message,
+        "param": error.param, "request_id": str(uuid.uuid4()), "context_id": context_id,
+    }
+    if error.retry_after_s is not None:
+        payload["retry_after_s"] = error.retry_after_s
+    return payload
+
+
+# -- WebSocket -------------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Context:
+    id: str
+    stream: SpeechStream
+    encoder: Encoder
+    add_timestamps: bool
+    buffer_delay_s: float
+    """How long text without a sentence end may wait before it is spoken (0: never)."""
+    text_chars: int = 0
+    input_closed: bool = False
+    cancelled: bool = False
+    segments_sent: int = 0
+    """Segments whose audio has all been sent."""
+    flush_boundaries: list[int] = field(default_factory=list)
+    """For each flush, in order, the number of segments its text made: flush k is done once they are sent."""
+    flushes_done: int = 0
+    buffer_timer: asyncio.TimerHandle | None = None
+    sender: asyncio.Task[None] | None = None
+
+    def flush_id_of(self, segment: int) -> int:
+        """Cartesia numbers a context's transcripts between flushes from 1."""
+        return 1 + bisect.bisect_right(self.flush_boundaries, segment)
+
+
+class Connection:
+    def __init__(self, websocket: WebSocket, engine: Engine) -> None:
+        self.engine = engine
+        self.writer = SocketWriter(websocket)
+        self.ws = websocket
+        self.contexts: dict[str, Context] = {}
+
+    async def run(self) -> None:
+        try:
+            while True:
+                message = await self.ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                try:
+                    await self._handle(message)
+                except Gone:
+                    return
+        finally:
+            # The client left (or the server closed the socket): free every context's work at once.
+            for context in list(self.contexts.values()):
+                self._cancel(context)
+
+    # -- receiving ---------------------------------------------------------------------------------
+
+    async def _handle(self, message: dict[str, Any]) -> None:
+        context_id: str | None = None
+        try:
+            if message.get("text") is None:
+                raise InvalidRequest("binary frames are not accepted; send JSON text frames", code="invalid_message")
+            try:
+                body = json.loads(message["text"])
+            except json.JSONDecodeError as error:
+                raise InvalidRequest(f"message is not valid JSON: {error}", code="invalid_json") from error
+            if not isinstance(body, dict):
+                raise InvalidRequest("a message is a JSON object", code="invalid_message")
+            if isinstance(body.get("context_id"), str) and body["context_id"]:
+                context_id = body["context_id"]
+            if body.get("cancel") is True:
+                self._on_cancel(context_id)
+                return
+            try:
+                request = GenerationRequest.model_validate(body)
+            except ValidationError as error:
+                raise invalid_value(error) from error
+            # Without a context id, each request is a generation of its own.
+            context_id = context_id or str(uuid.uuid4())
+            await self._on_generation(context_id, request)
+        except EngineError as error:
+            await self.send_error(error, context_id)
+
+    def _on_cancel(self, context_id: str | None) -> None:
+        context = self.contexts.get(context_id or "")
+        if context is not None:  # an unknown or finished context: nothing to stop
+            self._cancel(context)
+
+    async def _on_generation(self, context_id: str, request: GenerationRequest) -> None:
+        context = self.contexts.get(context_id)
+        if context is None:
+            context = self._open(context_id, request)
+        elif context.input_closed:
+            raise InvalidRequest(f"context {context_id!r} has ended its input ('continue': false) and is still "
+                                 "speaking; send new text on a new context", code="context_closed",
+                                 param="context_id")
+        if request.transcript:
+            self._add_text(context, request.transcript)
+        if request.flush:
+            context.stream.flush()
+            context.flush_boundaries.append(len(context.stream.segments))
+            await self.send_due_flushes(context)  # at once when its audio is already out
+        if not request.continue_:
+            self._cancel_buffer_timer(context)
+            context.stream.close_input()
+            context.input_closed = True
+
+    def _open(self, context_id: str, request: GenerationRequest) -> Context:
+        synthesis = resolve(self.engine, request)
+        encoder = create_cartesia_encoder(synthesis.output_format, synthesis.sample_rate, ("raw",))
+        stream = self.engine.open_stream(synthesis.voice, synthesis.options, synthesis.sample_rate)
+        delay_ms = DEFAULT_BUFFER_DELAY_MS if request.max_buffer_delay_ms is None else request.max_buffer_delay_ms
+        context = Context(context_id, stream, encoder, request.add_timestamps, delay_ms / 1000)
+        self.contexts[context_id] = context
+        context.sender = asyncio.create_task(ContextSender(self, context).run(), name="rtvoice-cartesia-sender")
+        return context
+
+    def _add_text(self, context: Context, text: str) -> None:
+        limit = self.engine.settings.max_text_chars
+        if context.text_chars + len(text) > limit:
+            self._cancel(context)
+            raise InvalidRequest(f"context {context.id!r} would have {context.text_chars + len(text)} characters; "
+                                 f"the limit is {limit}", code="input_too_long", param="transcript")
+        segments_before = len(context.stream.segments)
+        context.stream.push_text(text)
+        context.text_chars += len(text)
+        if context.buffer_delay_s == 0:
+            context.stream.flush()  # custom buffering: the client sends what it wants spoken now
+            return
+        # Managed buffering: text past the last sentence end waits at most the delay, counted from when it
+        # began to wait (the push that completed a sentence restarts the count for what follows it).
+        if len(context.stream.segments) > segments_before:
+            self._cancel_buffer_timer(context)
+        if context.buffer_timer is None:
+            context.buffer_timer = asyncio.get_running_loop().call_later(
+                context.buffer_delay_s, self._buffer_expired, context)
+
+    def _buffer_expired(self, context: Context) -> None:
+        context.buffer_timer = None
+        if not (context.input_closed or context.cancelled):
+            context.stream.flush()
+
+    @staticmethod
+    def _cancel_buffer_timer(context: Context) -> None:
+        if context.buffer_timer is not None:
+            context.buffer_timer.cancel()
+            context.buffer_timer = None
+
+    def _cancel(self, context: Context) -> None:
+        context.cancelled = True
+        self._cancel_buffer_timer(context)
+        context.stream.cancel()
+        if context.sender is not None and context.sender is not asyncio.current_task():
+            context.sender.cancel()  # at most the message already on its way still leaves
+        self.forget(context)
+
+    def forget(self, context: Context) -> None:
+        if self.contexts.get(context.id) is context:
+            del self.contexts[context.id]
+
+    # -- sending -----------------------------------------------------------------------------------
+
+    async def send_due_flushes(self, context: Context) -> None:
+        """``flush_done`` for every flush whose text's audio has all been sent, in order."""
+        try:
+            while (context.flushes_done < len(context.flush_boundaries)
+                   and context.flush_boundaries[context.flushes_done] <= context.segments_sent):
+                context.flushes_done += 1
+                await self.writer.send_json(flush_done_message(context.id, context.flushes_done))
+        except Gone:
+            pass  # the receive loop sees the disconnect
+
+    async def send_error(self, error: EngineError, context_id: str | None) -> None:
+        try:
+            await self.writer.send_json(error_message(error, context_id))
+        except Gone:
+            pass
+
+
+class ContextSender:
+    """Sends one context's audio as ``chunk`` messages, its ``flush_done``s, and its ``done``."""
+
+    def __init__(self, connection: Connection, context: Context) -> None:
+        self.connection = connection
+        self.context = context
+        self.writer = connection.writer
+
+    async def run(self) -> None:
+        context = self.context
+        try:
+            try:
+                async for event in context.stream.events():
+                    if context.cancelled:
+                        return
+                    await self.on_event(event)
+            except EngineError as error:  # StreamFailed: this context is lost, the connection is not
+                self.connection.forget(context)
+                await self.connection.send_error(error, context.id)
+                return
+            if context.cancelled:
+                return
+            if context.stream.state is StreamState.CANCELLED:  # not by the client: the server is stopping
+                self.connection.forget(context)
+                await self.connection.send_error(
+                    InvalidRequest("the server is shutting down", code="server_shutting_down"), context.id)
+                await self.writer.close(CLOSE_GOING_AWAY, "server shutting down")
+                return
+            context.segments_sent = len(context.stream.segments)
+            await self.connection.send_due_flushes(context)
+            self.connection.forget(context)  # the id is free for a new context from here on
+            await self.writer.send_json(done_message(context.id))
+        except Gone:
+            context.stream.cancel()
+        except Exception:
+            log.exception("cartesia context sender failed")
+            context.stream.cancel()
+            await self.writer.close(CLOSE_INTERNAL_ERROR, "internal error")
+
+    async def on_event(self, event: object) -> None:
+        """One stream event as Cartesia's messages. Word timings, once the engine yields them, become
+        ``timestamps_message``s here when the context asked for ``add_timestamps``."""
+        context = self.context
+        if isinstance(event, AudioChunk):
+            data = context.encoder.encode(event.pcm)
+            if data:
+                await self.writer.send_json(chunk_message(context.id, data, context.flush_id_of(event.segment)))
+        elif isinstance(event, SegmentDone):
+            context.segments_sent = event.index + 1
+            await self.connection.send_due_flushes(context)
+
+
+@router.websocket(WEBSOCKET_PATH)
+async def tts_websocket(websocket: WebSocket) -> None:
+    """Cartesia's TTS WebSocket: contexts, continuations, flush, cancel; see the module docstring."""
+    await websocket.accept()
+    engine: Engine = websocket.app.state.engine
+    try:
+        engine_of(websocket)
+    except EngineError as error:
+        await websocket.send_text(json.dumps(error_message(error, None)))
+        await websocket.close(CLOSE_TRY_AGAIN_LATER, "not ready")
+        return
+    engine.metrics.requests.labels(WEBSOCKET_PATH, "101").inc()
+    connection = Connection(websocket, engine)
+    try:
+        await connection.run()
+    except Exception:
+        log.exception("cartesia websocket session failed")
+        await connection.writer.close(CLOSE_INTERNAL_ERROR, "internal error")
+
+
+# -- bytes -----------------------------------------------------------------------------------------
+
+@router.post(BYTES_PATH, response_class=StreamingResponse,
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/json": {"schema": SpeechRequest.model_json_schema()}}}},
+             responses={200: {"content": {"audio/pcm": {}, "audio/wav": {}, "audio/mpeg": {}}}})
+async def tts_bytes(request: Request) -> Response:
+    """Cartesia's bytes endpoint: ``transcript`` spoken in ``output_format`` (raw, wav or mp3), streamed."""
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        return error_response(400, f"request body is not valid JSON: {error}", code="invalid_json")
+    if not isinstance(body, dict):
+        return error_response(400, "request body must be a JSON object", code="invalid_json")
+    try:
+        speech = SpeechRequest.model_validate(body)
+    except ValidationError as error:
+        return validation_error_response(error)
+    engine = engine_of(request)
+    engine.check_text(speech.transcript, "transcript")
+    synthesis = resolve(engine, speech)
+    encoder = create_cartesia_encoder(synthesis.output_format, synthesis.sample_rate, ("raw", "wav", "mp3"))
+    stream = engine.open_stream(synthesis.voice, synthesis.options, synthesis.sample_rate, text=speech.transcript)
+    return StreamingResponse(audio_body(stream, encoder), media_type=encoder.content_type,
+                             headers={"X-Sample-Rate": str(synthesis.sample_rate), "X-Voice": synthesis.voice.info.id})

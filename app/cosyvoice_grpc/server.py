@@ -1,0 +1,146 @@
+"""CosyVoice's gRPC service served by rtvoice: ``Inference(Request) returns (stream Response)``.
+
+A ``grpc.aio`` server in the web server's event loop, on its own port, turning each request into one engine
+stream, as the HTTP routes do, so it shares the one scheduler with every other transport:
+
+- ``sft_request``: any voice by id (``spk_id``: Piper, a CosyVoice2 ``spk2info`` speaker by its id or its bare
+  name, a registered voice; the default voice when empty);
+- ``zero_shot_request``, ``cross_lingual_request``: CosyVoice2 with the request's prompt, raw int16 PCM at
+  16 kHz as CosyVoice's client sends it;
+- ``instruct_request``: a voice by id that takes instructions (CosyVoice2), speaking as ``instruct_text`` says.
+
+Answers stream as raw int16 little-endian mono PCM at the voice's own rate (22.05 kHz for the embedded Piper
+voice, 24 kHz for CosyVoice2), one ``Response`` per chunk. Errors end the call with a status:
+INVALID_ARGUMENT (bad text, prompt or instruction), NOT_FOUND (no such voice), RESOURCE_EXHAUSTED (over
+capacity), FAILED_PRECONDITION (no CosyVoice2 model, or no prompt front end, on this server), UNAVAILABLE
+(still loading), INTERNAL (synthesis failed). A client that cancels or disconnects frees its stream at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from rtvoice.app.cosyvoice_api import cloning_service, prompt_voice, resolve_speaker, takes_instructions
+from rtvoice.app.cosyvoice_grpc import cosyvoice_pb2, cosyvoice_pb2_grpc
+from rtvoice.app.state import NotReady
+from rtvoice.engine.audio.encoding import wav_header
+from rtvoice.engine.engine import Engine
+from rtvoice.engine.errors import EngineError, InvalidRequest, ModelNotLoaded, Overloaded, UnknownVoice
+from rtvoice.engine.models.base import SynthesisOptions, Voice
+
+log = logging.getLogger(__name__)
+
+METHOD = "/cosyvoice.CosyVoice/Inference"
+PROMPT_RATE = 16_000
+"""CosyVoice's clients send prompt audio as raw int16 PCM at 16 kHz."""
+
+
+def status_of(error: EngineError) -> grpc.StatusCode:
+    if isinstance(error, Overloaded):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(error, ModelNotLoaded):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(error, UnknownVoice):
+        return grpc.StatusCode.NOT_FOUND
+    if error.status == 503:
+        return grpc.StatusCode.UNAVAILABLE
+    if error.status >= 500:
+        return grpc.StatusCode.INTERNAL
+    return grpc.StatusCode.INVALID_ARGUMENT
+
+
+def prompt_wav(pcm: bytes, param: str = "prompt_audio") -> bytes:
+    """Raw 16 kHz int16 prompt samples as a WAV file, so they take the same decoding and checks as an upload."""
+    if len(pcm) % 2:
+        raise InvalidRequest(f"'{param}' must be int16 samples (an even number of bytes); it has {len(pcm)}",
+                             code="invalid_audio", param=param)
+    return wav_header(PROMPT_RATE, len(pcm)) + pcm
+
+
+class CosyVoiceService(cosyvoice_pb2_grpc.CosyVoiceServicer):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def Inference(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # noqa: N802
+        engine = self.engine
+        try:
+            voice, options, text = await self._synthesis(request)
+            stream = engine.open_stream(voice, options, text=text)
+        except EngineError as error:
+            await self._abort(context, error)
+            return
+        try:
+            async for pcm in stream.audio():
+                yield cosyvoice_pb2.Response(tts_audio=pcm.astype("<i2", copy=False).tobytes())
+        except EngineError as error:  # the stream failed
+            await self._abort(context, error)
+        finally:
+            stream.cancel()  # the client cancelled or left: free the stream's slot now
+        engine.metrics.requests.labels(METHOD, grpc.StatusCode.OK.name).inc()
+
+    async def _abort(self, context: grpc.aio.ServicerContext, error: EngineError) -> None:
+        status = status_of(error)
+        self.engine.metrics.requests.labels(METHOD, status.name).inc()
+        metadata: tuple[tuple[str, str], ...] = (("rtvoice-error-code", error.code),)
+        if error.retry_after_s is not None:
+            metadata += (("retry-after", str(error.retry_after_s)),)
+        await context.abort(status, error.message, trailing_metadata=metadata)
+
+    async def _synthesis(self, request: Any) -> tuple[Voice, SynthesisOptions, str]:
+        engine = self.engine
+        if not engine.ready:
+            raise NotReady("the server is still loading its voices", code="not_ready")
+        payload = request.WhichOneof("RequestPayload")
+        if payload == "sft_request":
+            sft = request.sft_request
+            engine.check_text(sft.tts_text, "tts_text")
+            return resolve_speaker(engine, sft.spk_id or None), SynthesisOptions(), sft.tts_text
+        if payload == "zero_shot_request":
+            zero_shot = request.zero_shot_request
+            cloning_service(engine)
+            engine.check_text(zero_shot.tts_text, "tts_text")
+            engine.check_text(zero_shot.prompt_text, "prompt_text")
+            voice = await prompt_voice(engine, prompt_wav(zero_shot.prompt_audio), "zero_shot", zero_shot.prompt_text,
+                                       param="prompt_audio")
+            return voice, SynthesisOptions(), zero_shot.tts_text
+        if payload == "cross_lingual_request":
+            cross_lingual = request.cross_lingual_request
+            cloning_service(engine)
+            engine.check_text(cross_lingual.tts_text, "tts_text")
+            voice = await prompt_voice(engine, prompt_wav(cross_lingual.prompt_audio), "cross_lingual",
+                                       param="prompt_audio")
+            return voice, SynthesisOptions(), cross_lingual.tts_text
+        if payload == "instruct_request":
+            instruct = request.instruct_request
+            engine.check_text(instruct.tts_text, "tts_text")
+            engine.check_text(instruct.instruct_text, "instruct_text")
+            voice = resolve_speaker(engine, instruct.spk_id or None)
+            if not takes_instructions(voice.info):
+                able = [info.id for info in engine.voice_infos() if takes_instructions(info)]
+                if not able:
+                    raise ModelNotLoaded("no voice on this server follows instructions: start it with "
+                                         "RTVOICE_COSYVOICE_DIR set to a CosyVoice2 model directory",
+                                         code="model_not_loaded")
+                raise InvalidRequest(f"voice {voice.info.id!r} cannot follow instructions; use one that can: "
+                                     f"{', '.join(able)}", code="voice_not_instructable", param="spk_id")
+            return voice, SynthesisOptions(instructions=instruct.instruct_text), instruct.tts_text
+        raise InvalidRequest("the request has no payload: set one of sft_request, zero_shot_request, "
+                             "cross_lingual_request, instruct_request", code="missing_payload", param="RequestPayload")
+
+
+async def start(engine: Engine, host: str, port: int) -> grpc.aio.Server:
+    """Start the service on ``host:port`` in the running event loop; the caller stops it."""
+    server = grpc.aio.server()
+    cosyvoice_pb2_grpc.add_CosyVoiceServicer_to_server(CosyVoiceService(engine), server)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError as error:
+        raise RuntimeError(f"cannot serve CosyVoice's gRPC service on {address}: {error}") from error
+    await server.start()
+    log.info("CosyVoice gRPC service on %s", address)
+    return server
