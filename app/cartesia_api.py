@@ -3,7 +3,7 @@
 Clients written for Cartesia (Pipecat's ``CartesiaTTSService``, LiveKit's ``cartesia.TTS``) work with nothing
 changed but the URL. ``api_key``/``X-API-Key`` and ``cartesia_version``/``Cartesia-Version`` are accepted and
 not checked (rtvoice has no API keys); ``model_id``, ``language`` and the voice controls other than
-``generation_config.speed`` are accepted and ignored.
+``generation_config.speed`` are accepted and ignored. Extension: ``seed`` (reproducible output).
 
 The WebSocket is built around Cartesia's contexts. Each context is one engine stream:
 
@@ -107,6 +107,7 @@ class SpeechRequest(BaseModel):
     output_format: OutputFormat = Field(default_factory=OutputFormat)
     language: str | None = Field(None, description="Accepted; the voice decides the language.")
     generation_config: GenerationConfig = Field(default_factory=GenerationConfig)
+    seed: int | None = Field(None, description="rtvoice extension: makes the voice's random draws reproducible.")
 
 
 class GenerationRequest(SpeechRequest):
@@ -142,7 +143,7 @@ def resolve_voice(engine: Engine, voice: VoiceSpecifier) -> Voice:
 def resolve(engine: Engine, request: SpeechRequest) -> Synthesis:
     voice = resolve_voice(engine, request.voice)
     engine.check_sample_rate(request.output_format.sample_rate, "output_format.sample_rate")
-    options = SynthesisOptions(speed=request.generation_config.speed or 1.0)
+    options = SynthesisOptions(speed=request.generation_config.speed or 1.0, seed=request.seed)
     try:
         voice.validate(options)
     except ValueError as error:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -83,7 +84,9 @@ async def create_speech(request: Request) -> Response:
         text=speech.input,
     )
     encoder = create_encoder(speech.response_format, OPENAI_SAMPLE_RATE)
-    headers = {"X-Sample-Rate": str(OPENAI_SAMPLE_RATE), "X-Voice": voice.info.id}
+    # OpenAI's clients surface x-request-id (LiveKit's plugin warns on every utterance without one).
+    headers = {"X-Sample-Rate": str(OPENAI_SAMPLE_RATE), "X-Voice": voice.info.id,
+               "X-Request-Id": f"req_{uuid.uuid4().hex}"}
     if speech.stream_format == "sse":
         return StreamingResponse(sse_body(stream, encoder, _usage(speech.input)), media_type="text/event-stream",
                                  headers={**headers, "Cache-Control": "no-cache"})

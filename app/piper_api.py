@@ -12,7 +12,8 @@ used), and a speaker is chosen only on multi-speaker voices. Where rtvoice diffe
 - ``noise_scale`` and ``noise_w_scale`` are accepted and checked but not applied: rtvoice's voices take their
   noise scales from the voice's config (the engine's synthesis options have no noise knobs);
 - ``speaker``/``speaker_id`` are accepted; rtvoice's Piper voices speak with their default speaker;
-- a missing text is a 400 with rtvoice's error body (Piper's server fails with a 500).
+- a missing text is a 400 with rtvoice's error body (Piper's server fails with a 500);
+- extension: ``seed`` (reproducible output).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class SynthesizeRequest(BaseModel):
     length_scale: float | None = Field(None, gt=0, description="Phoneme length: above the voice's own is slower.")
     noise_scale: float | None = Field(None, ge=0, description="Accepted; the voice's own noise scale applies.")
     noise_w_scale: float | None = Field(None, ge=0, description="Accepted; the voice's own applies.")
+    seed: int | None = Field(None, description="rtvoice extension: makes the voice's random draws reproducible.")
 
 
 def voice_length_scale(voice: Voice) -> float:
@@ -89,7 +91,7 @@ async def synthesize(request: Request) -> Response:
     if piper.voice and piper.voice not in engine.voices:
         log.warning("voice %r not found; using the default voice (as Piper's server does)", piper.voice)
     voice = engine.resolve_voice(piper.voice if piper.voice in engine.voices else None)
-    options = SynthesisOptions(speed=speed_for(voice, piper.length_scale))
+    options = SynthesisOptions(speed=speed_for(voice, piper.length_scale), seed=piper.seed)
     rate = voice.info.sample_rate
     stream = engine.open_stream(voice, options, rate, text=text)
     return StreamingResponse(audio_body(stream, WavEncoder(rate)), media_type="audio/wav",

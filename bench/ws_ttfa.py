@@ -1,26 +1,35 @@
-"""Time to first audio over the WebSocket protocol, with text streamed like an LLM writes it and in whole sentences.
+"""Time to first audio over the WebSockets, with text streamed like an LLM writes it and in whole sentences:
+rtvoice's own ``/v1/tts/stream`` and Cartesia's ``/tts/websocket``, side by side in one run.
 
     python -m bench.ws_ttfa [--runs 20] [--chars 4] [--interval-ms 20]
 
-rtvoice runs as its own process; one connection speaks one utterance per run
-(``text`` ... ``flush``, then wait for ``done``), as a voice agent does turn
-after turn. Two ways of sending the same text:
+rtvoice runs as its own process; one connection per protocol, open at the same
+time, speaks one utterance per run, as a voice agent does turn after turn, and
+the two protocols take turns run by run so they share the machine's conditions.
+rtvoice's protocol sends ``text`` ... ``flush`` and waits for ``done``; Cartesia's
+opens a context per utterance and ends it with ``continue: false``, as Pipecat's
+and LiveKit's Cartesia services do. Two ways of sending the same text:
 
-* tokens: ``--chars`` characters every ``--interval-ms`` (4 every 20 ms is ~50 tokens/s, a brisk LLM);
-* sentences: each sentence whole, in one ``text`` message, as soon as the previous one was sent.
+* tokens: ``--chars`` characters every ``--interval-ms`` (4 every 20 ms is ~50 tokens/s, a brisk LLM); on
+  Cartesia's protocol with the default ``max_buffer_delay_ms`` (Pipecat's token mode);
+* sentences: each sentence whole, in one message, as soon as the previous one was sent; on Cartesia's protocol
+  with ``max_buffer_delay_ms: 0`` (Pipecat's sentence mode and LiveKit).
 
 TTFA is measured by the client, from sending the message that completed the
-first segment (found with the engine's own segmenter) to the first binary
-frame; the server's ``audio_start.ttfa_ms`` (same start, measured when the
-frame left) and the time from the first message to the first audio (which
-includes waiting for the LLM to finish its first sentence) are shown beside it.
-Figures are p50/p95 over the runs, after two warm-up runs.
+first segment (found with the engine's own segmenter) to the first audio; the
+server's ``audio_start.ttfa_ms`` (rtvoice's protocol only: same start, measured
+when the frame left) and the time from the first message to the first audio
+(which includes waiting for the LLM to finish its first sentence) are shown
+beside it, and the ratio of the two protocols' TTFA p50s. Figures are p50/p95
+over the runs, after two warm-up runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import itertools
 import json
 import re
 import statistics
@@ -38,7 +47,7 @@ from rtvoice.engine.text import Segmenter
 @dataclass
 class Run:
     ttfa_s: float
-    server_ttfa_s: float
+    server_ttfa_s: float | None
     first_message_to_audio_s: float
     audio_s: float
     total_s: float
@@ -53,8 +62,10 @@ class Results:
         ordered = sorted(values)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
-    def row(self, attr: str) -> tuple[float, float]:
+    def row(self, attr: str) -> tuple[float, float] | None:
         values = [getattr(run, attr) for run in self.runs]
+        if any(value is None for value in values):
+            return None
         return statistics.median(values), self.p(values, 0.95)
 
 
@@ -77,21 +88,22 @@ def completing_message(messages: list[str]) -> int:
     return len(messages)  # only the flush completes it
 
 
+async def send_paced(ws: websockets.ClientConnection, frames: list[dict[str, object]], interval_s: float,
+                     sent_at: list[float]) -> None:
+    """The text frames ``interval_s`` apart, then the closing frame at once; notes when each left."""
+    for index, frame in enumerate(frames):
+        if index and interval_s and index < len(frames) - 1:
+            await asyncio.sleep(interval_s)
+        await ws.send(json.dumps(frame))
+        sent_at.append(time.perf_counter())
+
+
 async def one_utterance(ws: websockets.ClientConnection, messages: list[str], interval_s: float,
                         rate: int) -> Run:
     completing = completing_message(messages)
     sent_at: list[float] = []
-
-    async def send() -> None:
-        for index, message in enumerate(messages):
-            if index and interval_s:
-                await asyncio.sleep(interval_s)
-            await ws.send(json.dumps({"type": "text", "text": message}))
-            sent_at.append(time.perf_counter())
-        await ws.send(json.dumps({"type": "flush"}))
-        sent_at.append(time.perf_counter())
-
-    sender = asyncio.create_task(send())
+    frames: list[dict[str, object]] = [{"type": "text", "text": message} for message in messages]
+    sender = asyncio.create_task(send_paced(ws, [*frames, {"type": "flush"}], interval_s, sent_at))
     first_audio = None
     server_ttfa = None
     samples = 0
@@ -121,19 +133,74 @@ async def one_utterance(ws: websockets.ClientConnection, messages: list[str], in
     )
 
 
-async def measure(url: str, messages: list[str], interval_s: float, runs: int) -> Results:
-    results = Results()
-    async with websockets.connect(url, max_size=None) as ws:
-        await ws.send(json.dumps({"type": "start"}))
-        started = json.loads(await ws.recv())
+CARTESIA_FORMAT = {"container": "raw", "encoding": "pcm_s16le"}
+_context_ids = itertools.count()
+
+
+async def cartesia_utterance(ws: websockets.ClientConnection, messages: list[str], interval_s: float, rate: int,
+                             buffer_delay_ms: int | None) -> Run:
+    """One context: each message a transcript with ``continue: true``, then ``continue: false``; until ``done``."""
+    context_id = f"bench-{next(_context_ids)}"
+    request: dict[str, object] = {"model_id": "sonic-3", "voice": {"mode": "id", "id": ""}, "context_id": context_id,
+               "output_format": {**CARTESIA_FORMAT, "sample_rate": rate}}
+    if buffer_delay_ms is not None:
+        request["max_buffer_delay_ms"] = buffer_delay_ms
+    completing = 0 if buffer_delay_ms == 0 else completing_message(messages)
+    sent_at: list[float] = []
+    frames = [{**request, "transcript": message, "continue": True} for message in messages]
+    sender = asyncio.create_task(send_paced(ws, [*frames, {**request, "transcript": "", "continue": False}],
+                                            interval_s, sent_at))
+    first_audio = None
+    samples = 0
+    while True:
+        event = json.loads(await ws.recv())
+        if event.get("context_id") != context_id:
+            continue
+        if event["type"] == "chunk":
+            if first_audio is None:
+                first_audio = time.perf_counter()
+            samples += len(base64.b64decode(event["data"])) // 2
+        elif event["type"] == "done":
+            break
+        elif event["type"] == "error":
+            raise RuntimeError(event)
+    await sender
+    end = time.perf_counter()
+    assert first_audio is not None
+    return Run(ttfa_s=first_audio - sent_at[completing], server_ttfa_s=None,
+               first_message_to_audio_s=first_audio - sent_at[0], audio_s=samples / rate, total_s=end - sent_at[0])
+
+
+async def measure(base_url: str, messages: list[str], interval_s: float, runs: int,
+                  cartesia_buffer_delay_ms: int | None) -> dict[str, Results]:
+    """Both protocols, one connection each, taking turns run by run."""
+    results = {"/v1/tts/stream": Results(), "/tts/websocket": Results()}
+    async with websockets.connect(f"{base_url}/v1/tts/stream", max_size=None) as rtvoice_ws, \
+            websockets.connect(f"{base_url}/tts/websocket?cartesia_version=2025-04-16", max_size=None,
+                               additional_headers={"X-API-Key": "bench"}) as cartesia_ws:
+        await rtvoice_ws.send(json.dumps({"type": "start"}))
+        rate = json.loads(await rtvoice_ws.recv())["sample_rate"]
         for index in range(runs + 2):
-            run = await one_utterance(ws, messages, interval_s, started["sample_rate"])
-            if index >= 2:  # the first two warm the connection and caches
-                results.runs.append(run)
-        await ws.send(json.dumps({"type": "end"}))
-        async for _ in ws:
+            # Which protocol goes first alternates, so neither always follows the other's tail of work.
+            if index % 2:
+                cartesia_run = await cartesia_utterance(cartesia_ws, messages, interval_s, rate,
+                                                        cartesia_buffer_delay_ms)
+                rtvoice_run = await one_utterance(rtvoice_ws, messages, interval_s, rate)
+            else:
+                rtvoice_run = await one_utterance(rtvoice_ws, messages, interval_s, rate)
+                cartesia_run = await cartesia_utterance(cartesia_ws, messages, interval_s, rate,
+                                                        cartesia_buffer_delay_ms)
+            if index >= 2:  # the first two warm the connections and caches
+                results["/v1/tts/stream"].runs.append(rtvoice_run)
+                results["/tts/websocket"].runs.append(cartesia_run)
+        await rtvoice_ws.send(json.dumps({"type": "end"}))
+        async for _ in rtvoice_ws:
             pass
     return results
+
+
+def _ms(row: tuple[float, float] | None, index: int) -> str:
+    return "-" if row is None else f"{row[index] * 1e3:.1f}ms"
 
 
 def main() -> None:
@@ -144,29 +211,31 @@ def main() -> None:
     args = parser.parse_args()
 
     server = start_rtvoice()
-    url = server.url.replace("http://", "ws://") + "/v1/tts/stream"
+    base_url = server.url.replace("http://", "ws://")
     try:
-        header = (f"{'text':24} {'sent as':26} {'audio s':>8} {'TTFA p50':>9} {'TTFA p95':>9} {'server p50':>10} "
-                  f"{'server p95':>10} {'1st msg->audio p50':>18}")
+        header = (f"{'text':24} {'sent as':26} {'route':15} {'audio s':>8} {'TTFA p50':>9} {'TTFA p95':>9} "
+                  f"{'server p50':>10} {'server p95':>10} {'1st msg->audio p50':>18} {'p50 / ws p50':>12}")
         print(header)
         print("-" * len(header))
         for label, text in TEXTS.items():
             modes = {
                 f"tokens ({args.chars} ch / {args.interval_ms:g} ms)": (token_messages(text, args.chars),
-                                                                     args.interval_ms / 1000),
-                "whole sentences": (sentence_messages(text), 0.0),
+                                                                     args.interval_ms / 1000, None),
+                "whole sentences": (sentence_messages(text), 0.0, 0),
             }
-            for mode, (messages, interval_s) in modes.items():
-                results = asyncio.run(measure(url, messages, interval_s, args.runs))
-                ttfa = results.row("ttfa_s")
-                server_ttfa = results.row("server_ttfa_s")
-                first = results.row("first_message_to_audio_s")
-                audio_s = results.runs[-1].audio_s
-                print(f"{label:24} {mode:26} {audio_s:8.2f} {ttfa[0] * 1e3:7.1f}ms {ttfa[1] * 1e3:7.1f}ms "
-                      f"{server_ttfa[0] * 1e3:8.1f}ms {server_ttfa[1] * 1e3:8.1f}ms {first[0] * 1e3:16.1f}ms")
+            for mode, (messages, interval_s, buffer_delay_ms) in modes.items():
+                results = asyncio.run(measure(base_url, messages, interval_s, args.runs, buffer_delay_ms))
+                reference = results["/v1/tts/stream"].row("ttfa_s")
+                for route, result in results.items():
+                    ttfa = result.row("ttfa_s")
+                    server_ttfa = result.row("server_ttfa_s")
+                    first = result.row("first_message_to_audio_s")
+                    ratio = ttfa[0] / reference[0] if ttfa and reference else float("nan")
+                    print(f"{label:24} {mode:26} {route:15} {result.runs[-1].audio_s:8.2f} {_ms(ttfa, 0):>9} "
+                          f"{_ms(ttfa, 1):>9} {_ms(server_ttfa, 0):>10} {_ms(server_ttfa, 1):>10} "
+                          f"{_ms(first, 0):>18} {ratio:12.2f}")
     finally:
         server.stop()
-
 
 if __name__ == "__main__":
     main()

@@ -43,3 +43,20 @@ def piper_voice():  # type: ignore[no-untyped-def]
     voice = PiperVoice(embedded_voice_path())
     voice.warmup()
     return voice
+
+
+@pytest.fixture(scope="session")
+def cosyvoice_stubs(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """Client modules generated from rtvoice's cosyvoice.proto the way CosyVoice's own client has them
+    (top-level ``cosyvoice_pb2`` and ``cosyvoice_pb2_grpc``), imported: ``(messages, services)``."""
+    import importlib
+    import sys
+
+    from rtvoice.app.cosyvoice_grpc.generate import generate
+
+    directory = tmp_path_factory.mktemp("cosyvoice-client")
+    for name, text in generate(package_path=None).items():
+        (directory / name).write_text(text)
+    sys.path.insert(0, str(directory))
+    importlib.invalidate_caches()
+    return importlib.import_module("cosyvoice_pb2"), importlib.import_module("cosyvoice_pb2_grpc")

@@ -1,0 +1,188 @@
+"""The voice-agent frameworks' own TTS clients, unmodified, pointed at rtvoice by URL alone.
+
+- Pipecat (pipecat-ai): a pipeline with each of ``OpenAITTSService``, ``PiperHttpTTSService`` and
+  ``CartesiaTTSService`` (fed like an LLM's output: sentence and token aggregation);
+- LiveKit Agents: ``openai.TTS`` (``synthesize``, and the ``StreamAdapter`` an AgentSession wraps it in) and
+  ``cartesia.TTS`` (streaming over the WebSocket, and ``synthesize`` over /tts/bytes).
+
+Each checks that real audio arrived at the rate the client asked for: its length against what the engine
+makes of the same text (Piper's durations are drawn, so close rather than equal) and its level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from tests.conftest import Server
+from tests.engine_output import synthesize
+
+pytest.importorskip("pipecat")
+pytest.importorskip("livekit.agents")
+
+from livekit.agents import tts as livekit_tts  # noqa: E402
+from livekit.plugins import cartesia as livekit_cartesia  # noqa: E402
+from livekit.plugins import openai as livekit_openai  # noqa: E402
+from pipecat.frames.frames import (  # noqa: E402
+    EndFrame,
+    ErrorFrame,
+    Frame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
+    TTSAudioRawFrame,
+    TTSSpeakFrame,
+)
+from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
+from pipecat.pipeline.task import PipelineParams  # noqa: E402
+from pipecat.pipeline.worker import PipelineWorker  # noqa: E402
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor  # noqa: E402
+from pipecat.services.cartesia.tts import CartesiaTTSService  # noqa: E402
+from pipecat.services.openai.tts import OpenAITTSService  # noqa: E402
+from pipecat.services.piper.tts import PiperHttpTTSService  # noqa: E402
+from pipecat.services.tts_service import TextAggregationMode  # noqa: E402
+from pipecat.workers.runner import WorkerRunner  # noqa: E402
+
+TEXT = "Hello there. How can I help you today?"
+TOKENS = ["Hel", "lo the", "re. How", " can I", " help", " you to", "day?"]
+"""TEXT as an LLM streams it."""
+API_KEY = "sk-rtvoice-test"
+
+
+@pytest.fixture(scope="module")
+def reference_s() -> float:
+    """Seconds of audio the engine makes of TEXT."""
+    return len(synthesize(TEXT, seed=1)) / 22050
+
+
+def check(pcm: bytes, rate: int, reference_s: float) -> None:
+    samples = np.frombuffer(pcm, dtype="<i2")
+    assert 0.8 < len(samples) / rate / reference_s < 1.25, (len(samples) / rate, reference_s)
+    assert np.sqrt(np.mean((samples / 32767.0) ** 2)) > 0.02
+
+
+# -- Pipecat ---------------------------------------------------------------------------------------------------
+
+
+class Collector(FrameProcessor):
+    """The pipeline's sink: keeps the TTS audio frames and any error."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.audio: list[TTSAudioRawFrame] = []
+        self.errors: list[ErrorFrame] = []
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, TTSAudioRawFrame):
+            self.audio.append(frame)
+        elif isinstance(frame, ErrorFrame):
+            self.errors.append(frame)
+        await self.push_frame(frame, direction)
+
+
+async def run_pipeline(tts: Any, frames: list[Frame], rate: int) -> bytes:
+    """``tts`` in a pipeline at ``rate``: the frames in, then EndFrame, which waits for the audio to finish."""
+    collector = Collector()
+    worker = PipelineWorker(Pipeline([tts, collector]), params=PipelineParams(audio_out_sample_rate=rate),
+                            enable_rtvi=False)
+    await worker.queue_frames([*frames, EndFrame()])
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(worker)
+    await asyncio.wait_for(runner.run(), 60)
+    assert not collector.errors, collector.errors
+    assert collector.audio and {frame.sample_rate for frame in collector.audio} == {rate}
+    return b"".join(frame.audio for frame in collector.audio)
+
+
+def llm_response() -> list[Frame]:
+    return [LLMFullResponseStartFrame(), *[LLMTextFrame(token) for token in TOKENS], LLMFullResponseEndFrame()]
+
+
+def test_pipecat_openai_tts_service(server: Server, reference_s: float) -> None:
+    tts = OpenAITTSService(api_key=API_KEY, base_url=f"{server.url}/v1")
+    check(asyncio.run(run_pipeline(tts, [TTSSpeakFrame(TEXT)], 24000)), 24000, reference_s)
+
+
+def test_pipecat_piper_http_tts_service(server: Server, reference_s: float) -> None:
+    """The WAV header says 22.05 kHz; Pipecat reads it and resamples to the pipeline's 16 kHz."""
+
+    async def run() -> bytes:
+        async with aiohttp.ClientSession() as session:
+            tts = PiperHttpTTSService(base_url=f"{server.url}/synthesize", aiohttp_session=session)
+            return await run_pipeline(tts, llm_response(), 16000)
+
+    check(asyncio.run(run()), 16000, reference_s)
+
+
+@pytest.mark.parametrize("mode", [TextAggregationMode.SENTENCE, TextAggregationMode.TOKEN])
+def test_pipecat_cartesia_tts_service(server: Server, reference_s: float, mode: TextAggregationMode) -> None:
+    """Sentences with max_buffer_delay_ms 0, or the LLM's tokens as they come with Cartesia's buffering."""
+    tts = CartesiaTTSService(api_key=API_KEY, url=f"{server.url.replace('http://', 'ws://')}/tts/websocket",
+                             sample_rate=16000, text_aggregation_mode=mode)
+    check(asyncio.run(run_pipeline(tts, llm_response(), 16000)), 16000, reference_s)
+
+
+# -- LiveKit Agents --------------------------------------------------------------------------------------------
+
+
+async def collect(stream: Any, rate: int) -> bytes:
+    frames = [event.frame async for event in stream]
+    assert frames and {frame.sample_rate for frame in frames} == {rate} and {f.num_channels for f in frames} == {1}
+    return b"".join(bytes(frame.data) for frame in frames)
+
+
+def push_tokens(stream: Any) -> Any:
+    for token in TOKENS:
+        stream.push_text(token)
+    stream.end_input()
+    return stream
+
+
+def test_livekit_openai_synthesize(server: Server, reference_s: float) -> None:
+    async def run() -> bytes:
+        tts = livekit_openai.TTS(base_url=f"{server.url}/v1", api_key=API_KEY)
+        try:
+            return await collect(tts.synthesize(TEXT), 24000)
+        finally:
+            await tts.aclose()
+
+    check(asyncio.run(run()), 24000, reference_s)
+
+
+def test_livekit_openai_through_the_stream_adapter(server: Server, reference_s: float) -> None:
+    """What an AgentSession does with a TTS that cannot stream: sentences from the LLM's tokens, one request each."""
+
+    async def run() -> bytes:
+        tts = livekit_openai.TTS(base_url=f"{server.url}/v1", api_key=API_KEY)
+        adapter = livekit_tts.StreamAdapter(tts=tts)
+        try:
+            return await collect(push_tokens(adapter.stream()), 24000)
+        finally:
+            await adapter.aclose()
+            await tts.aclose()
+
+    check(asyncio.run(run()), 24000, reference_s)
+
+
+def test_livekit_cartesia_streaming_and_synthesize(server: Server, reference_s: float) -> None:
+    """cartesia.TTS with rtvoice's URL as base_url: the WebSocket for streams (word timestamps asked for, as by
+    default), /tts/bytes for synthesize."""
+
+    async def run() -> tuple[bytes, bytes]:
+        async with aiohttp.ClientSession() as session:
+            tts = livekit_cartesia.TTS(base_url=server.url, api_key=API_KEY, sample_rate=16000, http_session=session)
+            try:
+                streamed = await collect(push_tokens(tts.stream()), 16000)
+                whole = await collect(tts.synthesize(TEXT), 16000)
+            finally:
+                await tts.aclose()
+            return streamed, whole
+
+    streamed, whole = asyncio.run(run())
+    check(streamed, 16000, reference_s)
+    check(whole, 16000, reference_s)
