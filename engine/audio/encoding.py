@@ -1,4 +1,4 @@
-"""Streaming audio encoders: raw PCM, WAV with a streaming header, PyAV codecs, and Opus packets for RTP.
+"""Streaming audio encoders: raw PCM (int16, float32), streaming WAV, PyAV codecs, and Opus packets for RTP.
 
 Every encoder takes int16 mono chunks as they come and returns the bytes that
 are ready, so a response body can be sent progressively.
