@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import bisect
-import json
 import logging
 import re
 import uuid
@@ -44,10 +43,12 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rtvoice.app.errors import error_response, invalid_value, validation_error_response
+from rtvoice.app.errors import invalid_value
+from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.state import engine_of
 from rtvoice.app.streaming import audio_body
-from rtvoice.app.websocket_io import CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, Gone, SocketWriter
+from rtvoice.app.websocket_io import (CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, Gone, SocketWriter, json_of, received,
+                                      serve_session)
 from rtvoice.engine.audio.encoding import Encoder, PcmEncoder, PcmF32Encoder, WavEncoder, create_encoder
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, InvalidRequest, Overloaded
@@ -240,10 +241,7 @@ class Connection:
 
     async def run(self) -> None:
         try:
-            while True:
-                message = await self.ws.receive()
-                if message["type"] == "websocket.disconnect":
-                    return
+            async for message in received(self.ws):
                 try:
                     await self._handle(message)
                 except Gone:
@@ -258,12 +256,7 @@ class Connection:
     async def _handle(self, message: dict[str, Any]) -> None:
         context_id: str | None = None
         try:
-            if message.get("text") is None:
-                raise InvalidRequest("binary frames are not accepted; send JSON text frames", code="invalid_message")
-            try:
-                body = json.loads(message["text"])
-            except json.JSONDecodeError as error:
-                raise InvalidRequest(f"message is not valid JSON: {error}", code="invalid_json") from error
+            body = json_of(message)
             if not isinstance(body, dict):
                 raise InvalidRequest("a message is a JSON object", code="invalid_message")
             if isinstance(body.get("context_id"), str) and body["context_id"]:
@@ -432,21 +425,7 @@ class ContextSender:
 @router.websocket(WEBSOCKET_PATH)
 async def tts_websocket(websocket: WebSocket) -> None:
     """Cartesia's TTS WebSocket: contexts, continuations, flush, cancel; see the module docstring."""
-    await websocket.accept()
-    engine: Engine = websocket.app.state.engine
-    try:
-        engine_of(websocket)
-    except EngineError as error:
-        await websocket.send_text(json.dumps(error_message(error, None)))
-        await websocket.close(CLOSE_TRY_AGAIN_LATER, "not ready")
-        return
-    engine.metrics.requests.labels(WEBSOCKET_PATH, "101").inc()
-    connection = Connection(websocket, engine)
-    try:
-        await connection.run()
-    except Exception:
-        log.exception("cartesia websocket session failed")
-        await connection.writer.close(CLOSE_INTERNAL_ERROR, "internal error")
+    await serve_session(websocket, WEBSOCKET_PATH, lambda error: error_message(error, None), Connection)
 
 
 # -- bytes -----------------------------------------------------------------------------------------
@@ -457,16 +436,9 @@ async def tts_websocket(websocket: WebSocket) -> None:
              responses={200: {"content": {"audio/pcm": {}, "audio/wav": {}, "audio/mpeg": {}}}})
 async def tts_bytes(request: Request) -> Response:
     """Cartesia's bytes endpoint: ``transcript`` spoken in ``output_format`` (raw, wav or mp3), streamed."""
-    try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        return error_response(400, f"request body is not valid JSON: {error}", code="invalid_json")
-    if not isinstance(body, dict):
-        return error_response(400, "request body must be a JSON object", code="invalid_json")
-    try:
-        speech = SpeechRequest.model_validate(body)
-    except ValidationError as error:
-        return validation_error_response(error)
+    speech = await parse_json_body(request, SpeechRequest)
+    if isinstance(speech, Response):
+        return speech
     engine = engine_of(request)
     engine.check_text(speech.transcript, "transcript")
     synthesis = resolve(engine, speech)

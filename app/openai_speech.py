@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import math
 import uuid
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rtvoice.app.errors import error_response, validation_error_response
+from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.state import engine_of
 from rtvoice.app.streaming import audio_body, sse_body
 from rtvoice.engine.audio.encoding import FORMATS, create_encoder
@@ -65,17 +64,9 @@ def _usage(text: str) -> Any:
 )
 async def create_speech(request: Request) -> Response:
     """Speak ``input``; the audio streams as it is made (``stream_format=sse`` for JSON events)."""
-    raw = await request.body()
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        return error_response(400, f"request body is not valid JSON: {error}", code="invalid_json")
-    if not isinstance(body, dict):
-        return error_response(400, "request body must be a JSON object", code="invalid_json")
-    try:
-        speech = SpeechRequest.model_validate(body)
-    except ValidationError as error:
-        return validation_error_response(error)
+    speech = await parse_json_body(request, SpeechRequest)
+    if isinstance(speech, Response):
+        return speech
     engine = engine_of(request)
     engine.check_text(speech.input, "input")
     voice = engine.resolve_voice(speech.voice)

@@ -18,14 +18,13 @@ used), and a speaker is chosen only on multi-speaker voices. Where rtvoice diffe
 
 from __future__ import annotations
 
-import json
 import logging
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from rtvoice.app.errors import error_response, validation_error_response
+from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.state import engine_of
 from rtvoice.app.streaming import audio_body
 from rtvoice.engine.audio.encoding import WavEncoder
@@ -75,16 +74,9 @@ def speed_for(voice: Voice, length_scale: float | None) -> float:
              responses={200: {"content": {"audio/wav": {}}}})
 async def synthesize(request: Request) -> Response:
     """Speak ``text`` as a streaming WAV (Piper's HTTP API)."""
-    try:
-        body = json.loads(await request.body())  # as Piper's server: JSON whatever the Content-Type says
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        return error_response(400, f"request body is not valid JSON: {error}", code="invalid_json")
-    if not isinstance(body, dict):
-        return error_response(400, "request body must be a JSON object", code="invalid_json")
-    try:
-        piper = SynthesizeRequest.model_validate(body)
-    except ValidationError as error:
-        return validation_error_response(error)
+    piper = await parse_json_body(request, SynthesizeRequest)
+    if isinstance(piper, Response):
+        return piper
     engine = engine_of(request)
     text = piper.text.strip()
     engine.check_text(text, "text")

@@ -21,7 +21,6 @@ never interleave; a cancel stops the sender task itself, so at most the frame al
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import deque
@@ -32,9 +31,8 @@ from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rtvoice.app.errors import error_fields, invalid_value
-from rtvoice.app.state import engine_of
-from rtvoice.app.websocket_io import CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, CLOSE_TRY_AGAIN_LATER
-from rtvoice.app.websocket_io import Gone, SocketWriter
+from rtvoice.app.websocket_io import (CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, Gone, SocketWriter, json_of,
+                                      received, serve_session)
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, InvalidRequest
 from rtvoice.engine.models.base import SynthesisOptions, Voice
@@ -118,10 +116,7 @@ class Connection:
     async def run(self) -> None:
         self._sender = asyncio.create_task(self._send_loop(), name="rtvoice-ws-sender")
         try:
-            while True:
-                message = await self.ws.receive()
-                if message["type"] == "websocket.disconnect":
-                    return
+            async for message in received(self.ws):
                 try:
                     await self._handle(message)
                 except EngineError as error:
@@ -249,12 +244,7 @@ class Connection:
     # -- receiving -------------------------------------------------------------------------------------
 
     async def _handle(self, message: dict[str, Any]) -> None:
-        if message.get("text") is None:
-            raise InvalidRequest("binary frames are not accepted; send JSON text frames", code="invalid_message")
-        try:
-            body = json.loads(message["text"])
-        except json.JSONDecodeError as error:
-            raise InvalidRequest(f"message is not valid JSON: {error}", code="invalid_json") from error
+        body = json_of(message)
         if not isinstance(body, dict) or not isinstance(body.get("type"), str):
             raise InvalidRequest("a message is a JSON object with a string 'type'", code="invalid_message",
                                  param="type")
@@ -396,18 +386,4 @@ class Connection:
 @router.websocket(PATH)
 async def tts_stream(websocket: WebSocket) -> None:
     """Streaming text in, PCM out; see the module docstring and the README for the protocol."""
-    await websocket.accept()
-    engine: Engine = websocket.app.state.engine
-    try:
-        engine_of(websocket)
-    except EngineError as error:
-        await websocket.send_text(json.dumps({"type": "error", **error_fields(error)}))
-        await websocket.close(CLOSE_TRY_AGAIN_LATER, "not ready")
-        return
-    engine.metrics.requests.labels(PATH, "101").inc()
-    connection = Connection(websocket, engine)
-    try:
-        await connection.run()
-    except Exception:
-        log.exception("websocket session failed")
-        await connection._close(CLOSE_INTERNAL_ERROR, "internal error")
+    await serve_session(websocket, PATH, lambda error: {"type": "error", **error_fields(error)}, Connection)

@@ -1,18 +1,27 @@
-"""Writing to a WebSocket from several tasks: one lock so frames never interleave, and one way to say "gone".
+"""What the WebSocket protocols share: one writer for several tasks, and a session's start and end.
 
 The WebSocket protocols (``/v1/tts/stream``, Cartesia's ``/tts/websocket``) each have a receive loop and one
-or more sender tasks. They all write through a ``SocketWriter``; once a send fails or the socket is closed,
-every later send raises ``Gone`` and the senders stop.
+or more sender tasks. They all write through a ``SocketWriter`` (one lock, so frames never interleave); once a
+send fails or the socket is closed, every later send raises ``Gone`` and the senders stop. ``serve_session``
+accepts a socket, turns it away while the engine is not ready, and closes it if the session fails.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 from fastapi import WebSocket
 from starlette.websockets import WebSocketState
+
+from rtvoice.app.state import engine_of
+from rtvoice.engine.engine import Engine
+from rtvoice.engine.errors import EngineError, InvalidRequest
+
+log = logging.getLogger(__name__)
 
 # Close codes (RFC 6455 and IANA's registry).
 CLOSE_NORMAL = 1000
@@ -59,3 +68,49 @@ class SocketWriter:
                     await self.ws.close(code, reason)
                 except Exception:
                     pass
+
+
+async def received(websocket: WebSocket) -> AsyncIterator[dict[str, Any]]:
+    """The socket's messages (ASGI ``websocket.receive`` events) until the client disconnects."""
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        yield message
+
+
+def json_of(message: dict[str, Any]) -> Any:
+    """The JSON a text frame carries; InvalidRequest for a binary frame (``invalid_message``) or bad JSON."""
+    if message.get("text") is None:
+        raise InvalidRequest("binary frames are not accepted; send JSON text frames", code="invalid_message")
+    try:
+        return json.loads(message["text"])
+    except json.JSONDecodeError as error:
+        raise InvalidRequest(f"message is not valid JSON: {error}", code="invalid_json") from error
+
+
+class Session(Protocol):
+    writer: SocketWriter
+
+    async def run(self) -> None: ...
+
+
+async def serve_session(websocket: WebSocket, path: str, error_event: Callable[[EngineError], dict[str, Any]],
+                        session: Callable[[WebSocket, Engine], Session]) -> None:
+    """Accept, then run ``session``; while the voices are still loading, the protocol's error event and close
+    1013 instead. A session that fails closes with 1011."""
+    await websocket.accept()
+    engine: Engine = websocket.app.state.engine
+    try:
+        engine_of(websocket)
+    except EngineError as error:
+        await websocket.send_text(json.dumps(error_event(error)))
+        await websocket.close(CLOSE_TRY_AGAIN_LATER, "not ready")
+        return
+    engine.metrics.requests.labels(path, "101").inc()
+    connection = session(websocket, engine)
+    try:
+        await connection.run()
+    except Exception:
+        log.exception("websocket session on %s failed", path)
+        await connection.writer.close(CLOSE_INTERNAL_ERROR, "internal error")

@@ -34,6 +34,7 @@ import json
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import websockets
@@ -98,77 +99,86 @@ async def send_paced(ws: websockets.ClientConnection, frames: list[dict[str, obj
         sent_at.append(time.perf_counter())
 
 
-async def one_utterance(ws: websockets.ClientConnection, messages: list[str], interval_s: float,
-                        rate: int) -> Run:
-    completing = completing_message(messages)
+Reading = tuple[str, bytes, float | None]
+"""What one received message says: its kind (``audio``, ``done``, ``error`` or anything else), the audio it
+carries, and the server's own TTFA when it reports one."""
+
+
+async def utterance(ws: websockets.ClientConnection, frames: list[dict[str, object]], completing: int,
+                    interval_s: float, rate: int, read: Callable[[str | bytes], Reading]) -> Run:
+    """Send the frames (the last one closes the utterance) and receive until its ``done``."""
     sent_at: list[float] = []
-    frames: list[dict[str, object]] = [{"type": "text", "text": message} for message in messages]
-    sender = asyncio.create_task(send_paced(ws, [*frames, {"type": "flush"}], interval_s, sent_at))
+    sender = asyncio.create_task(send_paced(ws, frames, interval_s, sent_at))
     first_audio = None
     server_ttfa = None
     samples = 0
     while True:
-        message = await ws.recv()
-        if isinstance(message, bytes):
+        kind, audio, reported_ttfa = read(await ws.recv())
+        if reported_ttfa is not None:
+            server_ttfa = reported_ttfa
+        if audio:
             if first_audio is None:
                 first_audio = time.perf_counter()
-            samples += len(message) // 2
-            continue
-        event = json.loads(message)
-        if event["type"] == "audio_start":
-            server_ttfa = event["ttfa_ms"] / 1000
-        elif event["type"] == "done":
+            samples += len(audio) // 2
+        if kind == "done":
             break
-        elif event["type"] == "error":
-            raise RuntimeError(event)
+        if kind == "error":
+            raise RuntimeError(audio)
     await sender
     end = time.perf_counter()
-    assert first_audio is not None and server_ttfa is not None
-    return Run(
-        ttfa_s=first_audio - sent_at[completing],
-        server_ttfa_s=server_ttfa,
-        first_message_to_audio_s=first_audio - sent_at[0],
-        audio_s=samples / rate,
-        total_s=end - sent_at[0],
-    )
+    assert first_audio is not None
+    return Run(ttfa_s=first_audio - sent_at[completing], server_ttfa_s=server_ttfa,
+               first_message_to_audio_s=first_audio - sent_at[0], audio_s=samples / rate, total_s=end - sent_at[0])
+
+
+def read_rtvoice(message: str | bytes) -> Reading:
+    if isinstance(message, bytes):
+        return "audio", message, None
+    event = json.loads(message)
+    if event["type"] == "error":
+        return "error", message.encode(), None
+    return event["type"], b"", event["ttfa_ms"] / 1000 if event["type"] == "audio_start" else None
+
+
+async def one_utterance(ws: websockets.ClientConnection, messages: list[str], interval_s: float,
+                        rate: int) -> Run:
+    """rtvoice's protocol: ``text`` messages, then ``flush``; until ``done``."""
+    frames: list[dict[str, object]] = [{"type": "text", "text": message} for message in messages]
+    return await utterance(ws, [*frames, {"type": "flush"}], completing_message(messages), interval_s, rate,
+                           read_rtvoice)
 
 
 CARTESIA_FORMAT = {"container": "raw", "encoding": "pcm_s16le"}
 _context_ids = itertools.count()
 
 
+def cartesia_reader(context_id: str) -> Callable[[str | bytes], Reading]:
+    def read(message: str | bytes) -> Reading:
+        event = json.loads(message)
+        if event.get("context_id") != context_id:
+            return "other", b"", None
+        if event["type"] == "chunk":
+            return "audio", base64.b64decode(event["data"]), None
+        if event["type"] == "error":
+            return "error", str(event).encode(), None
+        return event["type"], b"", None
+
+    return read
+
+
 async def cartesia_utterance(ws: websockets.ClientConnection, messages: list[str], interval_s: float, rate: int,
                              buffer_delay_ms: int | None) -> Run:
-    """One context: each message a transcript with ``continue: true``, then ``continue: false``; until ``done``."""
+    """Cartesia's protocol: one context, each message a transcript with ``continue: true``, then
+    ``continue: false``; until ``done``."""
     context_id = f"bench-{next(_context_ids)}"
-    request: dict[str, object] = {"model_id": "sonic-3", "voice": {"mode": "id", "id": ""}, "context_id": context_id,
-               "output_format": {**CARTESIA_FORMAT, "sample_rate": rate}}
+    request: dict[str, object] = {"model_id": "sonic-3", "voice": {"mode": "id", "id": ""},
+                                  "context_id": context_id, "output_format": {**CARTESIA_FORMAT, "sample_rate": rate}}
     if buffer_delay_ms is not None:
         request["max_buffer_delay_ms"] = buffer_delay_ms
-    completing = 0 if buffer_delay_ms == 0 else completing_message(messages)
-    sent_at: list[float] = []
     frames = [{**request, "transcript": message, "continue": True} for message in messages]
-    sender = asyncio.create_task(send_paced(ws, [*frames, {**request, "transcript": "", "continue": False}],
-                                            interval_s, sent_at))
-    first_audio = None
-    samples = 0
-    while True:
-        event = json.loads(await ws.recv())
-        if event.get("context_id") != context_id:
-            continue
-        if event["type"] == "chunk":
-            if first_audio is None:
-                first_audio = time.perf_counter()
-            samples += len(base64.b64decode(event["data"])) // 2
-        elif event["type"] == "done":
-            break
-        elif event["type"] == "error":
-            raise RuntimeError(event)
-    await sender
-    end = time.perf_counter()
-    assert first_audio is not None
-    return Run(ttfa_s=first_audio - sent_at[completing], server_ttfa_s=None,
-               first_message_to_audio_s=first_audio - sent_at[0], audio_s=samples / rate, total_s=end - sent_at[0])
+    completing = 0 if buffer_delay_ms == 0 else completing_message(messages)
+    return await utterance(ws, [*frames, {**request, "transcript": "", "continue": False}], completing, interval_s,
+                           rate, cartesia_reader(context_id))
 
 
 async def measure(base_url: str, messages: list[str], interval_s: float, runs: int,
