@@ -20,7 +20,7 @@ The WebSocket is built around Cartesia's contexts. Each context is one engine st
 
 Contexts on one socket run side by side (each has a sender task) and their chunks interleave, as Cartesia's
 do. Every message the server sends carries its ``context_id``. An ``error`` is ``done: true``: the context it
-names has ended (the exception is a request for a context whose input already ended, which keeps speaking).
+names has ended, and its id may open a new one.
 
 Word timestamps: ``add_timestamps`` is accepted, but the engine does not produce word timings yet, so no
 ``timestamps`` message is sent (never made-up times). ``timestamps_message`` is the one place where word
@@ -272,6 +272,10 @@ class Connection:
             context_id = context_id or str(uuid.uuid4())
             await self._on_generation(context_id, request)
         except EngineError as error:
+            # Cartesia's errors are ``done: true``: the context they name ends with them.
+            context = self.contexts.get(context_id or "")
+            if context is not None:
+                self._cancel(context)
             await self.send_error(error, context_id)
 
     def _on_cancel(self, context_id: str | None) -> None:
@@ -311,7 +315,6 @@ class Connection:
     def _add_text(self, context: Context, text: str) -> None:
         limit = self.engine.settings.max_text_chars
         if context.text_chars + len(text) > limit:
-            self._cancel(context)
             raise InvalidRequest(f"context {context.id!r} would have {context.text_chars + len(text)} characters; "
                                  f"the limit is {limit}", code="input_too_long", param="transcript")
         segments_before = len(context.stream.segments)

@@ -240,7 +240,7 @@ def test_bad_requests_get_an_error_for_their_context(server: Server, fields: dic
 
 
 def test_malformed_messages_and_a_closed_context(server: Server) -> None:
-    async def run() -> list[dict[str, Any]]:
+    async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         async with connect(server) as ws:
             client = Client(ws)
             await ws.send("not json")
@@ -250,10 +250,12 @@ def test_malformed_messages_and_a_closed_context(server: Server) -> None:
             errors = [await client.receive() for _ in range(2)]
             while (message := await client.receive())["type"] != "error":
                 pass
-            await client.send({"context_id": "c", "cancel": True})
-            return [*errors, message]
+            # The error ended the context: nothing more comes for it, and its id opens a new one.
+            await client.send(request("c", FIRST, seed=8, **{"continue": False}))
+            return [*errors, message], (await client.until_done("c"))["c"]
 
-    not_json, binary, closed = asyncio.run(run())
+    (not_json, binary, closed), after = asyncio.run(run())
+    assert after[-1]["type"] == "done" and np.array_equal(pcm_of(after), synthesize(FIRST, seed=8))
     assert not_json["error_code"] == "invalid_json" and not_json["context_id"] is None
     assert binary["error_code"] == "invalid_message" and binary["context_id"] is None
     assert closed["error_code"] == "context_closed" and closed["context_id"] == "c"
