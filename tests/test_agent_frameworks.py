@@ -36,6 +36,7 @@ from pipecat.frames.frames import (  # noqa: E402
     LLMTextFrame,
     TTSAudioRawFrame,
     TTSSpeakFrame,
+    TTSTextFrame,
 )
 from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
 from pipecat.pipeline.task import PipelineParams  # noqa: E402
@@ -69,24 +70,28 @@ def check(pcm: bytes, rate: int, reference_s: float) -> None:
 
 
 class Collector(FrameProcessor):
-    """The pipeline's sink: keeps the TTS audio frames and any error."""
+    """The pipeline's sink: keeps the TTS audio frames, the spoken text (what reaches the LLM context), errors."""
 
     def __init__(self) -> None:
         super().__init__()
         self.audio: list[TTSAudioRawFrame] = []
+        self.texts: list[str] = []
         self.errors: list[ErrorFrame] = []
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
         if isinstance(frame, TTSAudioRawFrame):
             self.audio.append(frame)
+        elif isinstance(frame, TTSTextFrame):
+            self.texts.append(frame.text)
         elif isinstance(frame, ErrorFrame):
             self.errors.append(frame)
         await self.push_frame(frame, direction)
 
 
 async def run_pipeline(tts: Any, frames: list[Frame], rate: int) -> bytes:
-    """``tts`` in a pipeline at ``rate``: the frames in, then EndFrame, which waits for the audio to finish."""
+    """``tts`` in a pipeline at ``rate``: the frames in, then EndFrame, which waits for the audio to finish.
+    Returns the audio; checks that the spoken text came out as TTSTextFrames (what the LLM context keeps)."""
     collector = Collector()
     worker = PipelineWorker(Pipeline([tts, collector]), params=PipelineParams(audio_out_sample_rate=rate),
                             enable_rtvi=False)
@@ -96,6 +101,7 @@ async def run_pipeline(tts: Any, frames: list[Frame], rate: int) -> bytes:
     await asyncio.wait_for(runner.run(), 60)
     assert not collector.errors, collector.errors
     assert collector.audio and {frame.sample_rate for frame in collector.audio} == {rate}
+    assert " ".join(text.strip() for text in collector.texts) == TEXT, collector.texts
     return b"".join(frame.audio for frame in collector.audio)
 
 
