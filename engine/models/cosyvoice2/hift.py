@@ -115,7 +115,8 @@ class SourceModule(nn.Module):
             rad[:, 0, :] = rad[:, 0, :] + initial
         # Integrate the phase at the frame rate and interpolate back up, as the model was trained.
         # The phase reaches ~1e4 rad, where float32 resolves ~1e-3 rad, so the exact sequence of
-        # float ops decides the last bits of the source: this follows the reference's sequence.
+        # float ops decides the last bits of the source: these are the reference's operations, in
+        # its order, on the same shapes and memory layouts (so torch runs the same kernels).
         rad = F.interpolate(rad.transpose(1, 2), scale_factor=1 / self.upsample_scale, mode="linear").transpose(1, 2)
         phase = torch.cumsum(rad, dim=1) * 2 * math.pi
         phase = F.interpolate(
@@ -193,7 +194,10 @@ class HiFTGenerator(nn.Module):
 
     def source(self, mel: torch.Tensor, generator: Generators = None) -> torch.Tensor:
         """Excitation [B, 1, T * samples_per_frame] for mel [B, C, T]."""
-        f0 = self.f0_predictor(mel)
+        return self.excitation(self.f0_predictor(mel), generator)
+
+    def excitation(self, f0: torch.Tensor, generator: Generators = None) -> torch.Tensor:
+        """Excitation [B, 1, T * samples_per_frame] for f0 [B, T] at the frame rate."""
         f0 = F.interpolate(f0[:, None], scale_factor=float(self.cfg.samples_per_frame), mode="nearest")
         return self.m_source(f0.transpose(1, 2), generator).transpose(1, 2)
 

@@ -71,9 +71,14 @@ def _count_indexed(sd: StateDict, prefix: str, path: Path) -> int:
 
 
 def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Weight-norm parameters to a plain weight: g * v / ||v||, the norm over every dim but 0."""
-    norm = v.flatten(1).norm(dim=1).view(-1, *([1] * (v.dim() - 1)))
-    return v * (g / norm)
+    """Weight-norm parameters to a plain weight: g * v / ||v||, the norm over every dim but 0.
+
+    Computed by the op that both of torch's weight-norm APIs run on every forward pass (the reference keeps
+    its layers parametrized), so the folded weight has the reference's bits: HiFT's sine source integrates
+    the predicted f0 over the utterance, and a one-ulp change in one f0 value already moves the source by
+    ~1e-4 (``PARITY.md``).
+    """
+    return torch._weight_norm(v, g, 0)
 
 
 def normalize_hift_state_dict(sd: StateDict, path: Path) -> StateDict:
