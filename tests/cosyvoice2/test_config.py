@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("yaml")
+from tests.cosyvoice2.deps import require
 
-from rtvoice.engine.models.cosyvoice2.config import ConfigError, load_config, load_hyperpyyaml_plain
+require("yaml")
+
+from rtvoice.engine.models.cosyvoice2.config import ConfigError, load_config, load_hyperpyyaml_plain  # noqa: E402
 
 YAML = """
 __seed: !apply:torch.manual_seed [1986]

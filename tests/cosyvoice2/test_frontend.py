@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("kaldi_native_fbank")
+from tests.cosyvoice2.deps import require
+
+torch = require("torch")
+require("transformers")
+require("kaldi_native_fbank")
 
 from rtvoice.engine.errors import InvalidRequest  # noqa: E402
 from rtvoice.engine.models.cosyvoice2 import frontend  # noqa: E402

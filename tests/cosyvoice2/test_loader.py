@@ -1,24 +1,79 @@
-"""Loading the checkpoint layouts found in the wild, and the errors for broken directories."""
+"""Loading the checkpoint layouts found in the wild, and the errors for broken directories.
+
+HiFT checkpoints come in four layouts: weight norm as ``*.parametrizations.weight.original0/1`` (current torch) or
+``*.weight_g/_v`` (older torch), each with or without a ``generator.`` prefix (HiFT saved inside its training
+wrapper). Each test reads the layout of the checkpoint it is given and converts from that one, so every layout is
+really loaded whatever the vector set (``RTVOICE_COSYVOICE2_FIXTURE``) carries.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from tests.cosyvoice2.deps import require
+
+torch = require("torch")
+require("transformers")
 
 from rtvoice.engine.models.cosyvoice2 import CheckpointError, CosyVoice2Model  # noqa: E402
 
-NEW_G, NEW_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
-
 StateDict = dict[str, Any]
 
+PREFIX = "generator."
+WEIGHT_NORM_SUFFIXES = {
+    "parametrizations": (".parametrizations.weight.original0", ".parametrizations.weight.original1"),
+    "weight_g_v": (".weight_g", ".weight_v"),
+}
 
-def _variant_dir(src: Path, dst: Path, replace: dict[str, StateDict]) -> Path:
+
+@dataclass(frozen=True)
+class Layout:
+    weight_norm: str
+    """A key of WEIGHT_NORM_SUFFIXES."""
+    prefixed: bool
+
+    @property
+    def g(self) -> str:
+        return WEIGHT_NORM_SUFFIXES[self.weight_norm][0]
+
+    @property
+    def v(self) -> str:
+        return WEIGHT_NORM_SUFFIXES[self.weight_norm][1]
+
+    def key(self, name: str) -> str:
+        return PREFIX + name if self.prefixed else name
+
+
+ALL_LAYOUTS = [Layout(wn, prefixed) for wn in WEIGHT_NORM_SUFFIXES for prefixed in (False, True)]
+
+
+def read_layout(sd: StateDict) -> Layout:
+    """The layout of a HiFT state dict, from its keys."""
+    found = {wn for wn, (g, v) in WEIGHT_NORM_SUFFIXES.items() if any(k.endswith(g) for k in sd)}
+    assert len(found) == 1, f"expected one weight-norm layout in hift.pt, found {sorted(found) or 'none'}"
+    return Layout(found.pop(), all(k.startswith(PREFIX) for k in sd))
+
+
+def to_layout(sd: StateDict, target: Layout) -> StateDict:
+    """``sd`` (in whichever layout it is) rewritten into ``target``."""
+    source = read_layout(sd)
+    out = {}
+    for key, value in sd.items():
+        name = key[len(PREFIX):] if source.prefixed else key
+        if name.endswith(source.g):
+            name = name[: -len(source.g)] + target.g
+        elif name.endswith(source.v):
+            name = name[: -len(source.v)] + target.v
+        out[target.key(name)] = value
+    return out
+
+
+def variant_dir(src: Path, dst: Path, replace: dict[str, StateDict]) -> Path:
     """A model directory in ``dst``: new files for ``replace``, symlinks to ``src`` for the rest."""
     dst.mkdir()
     for entry in src.iterdir():
@@ -29,33 +84,19 @@ def _variant_dir(src: Path, dst: Path, replace: dict[str, StateDict]) -> Path:
     return dst
 
 
-def _old_weight_norm_names(sd: StateDict) -> StateDict:
-    out = {}
-    for k, v in sd.items():
-        if k.endswith(NEW_G):
-            out[k[: -len(NEW_G)] + ".weight_g"] = v
-        elif k.endswith(NEW_V):
-            out[k[: -len(NEW_V)] + ".weight_v"] = v
-        else:
-            out[k] = v
-    return out
+def hift_state_dict(model_dir: Path) -> StateDict:
+    return torch.load(model_dir / "hift.pt", weights_only=True)
 
 
-def _with_prefix(sd: StateDict) -> StateDict:
-    return {"generator." + k: v for k, v in sd.items()}
-
-
-@pytest.mark.parametrize(
-    "convert",
-    [_old_weight_norm_names, _with_prefix, lambda sd: _with_prefix(_old_weight_norm_names(sd))],
-    ids=["weight_g_v", "generator_prefix", "both"],
-)
-def test_hift_key_variants_load_identically(
-    convert: Callable[[StateDict], StateDict], model: Any, model_dir: Path, vectors: dict[str, Any], tmp_path: Path
-) -> None:
-    hift_sd = torch.load(model_dir / "hift.pt", weights_only=True)
-    assert any(k.endswith(NEW_G) for k in hift_sd), "fixture expected in the parametrizations layout"
-    variant = CosyVoice2Model.load(_variant_dir(model_dir, tmp_path / "m", {"hift.pt": convert(hift_sd)}))
+@pytest.mark.parametrize("target", ALL_LAYOUTS, ids=lambda t: f"{t.weight_norm}{'+generator' if t.prefixed else ''}")
+def test_every_hift_layout_loads_identically(target: Layout, model: Any, model_dir: Path, vectors: dict[str, Any],
+                                             tmp_path: Path) -> None:
+    sd = hift_state_dict(model_dir)
+    converted = to_layout(sd, target)
+    assert read_layout(converted) == target
+    if target == read_layout(sd):
+        assert converted.keys() == sd.keys()  # the checkpoint's own layout, unchanged
+    variant = CosyVoice2Model.load(variant_dir(model_dir, tmp_path / "m", {"hift.pt": converted}))
     variant.hift.m_source.random_source = False
 
     want, got = model.hift.state_dict(), variant.hift.state_dict()
@@ -67,8 +108,25 @@ def test_hift_key_variants_load_identically(
     assert torch.equal(speech_a, speech_b) and torch.equal(source_a, source_b)
 
 
+def test_weight_norm_is_folded_as_torch_computes_it(model_dir: Path) -> None:
+    """The folded weights equal torch's own weight-norm layers fed the checkpoint's g and v, bit for bit."""
+    from rtvoice.engine.models.cosyvoice2.loader import fold_weight_norm
+
+    sd = hift_state_dict(model_dir)
+    layout = read_layout(sd)
+    pairs = [(sd[k], sd[k[: -len(layout.g)] + layout.v]) for k in sd if k.endswith(layout.g)]
+    assert pairs
+    for g, v in pairs:
+        layer = torch.nn.Conv1d(1, 1, 1)  # a stand-in owner for the parametrization; only its weight is used
+        layer.weight = torch.nn.Parameter(v.clone())
+        torch.nn.utils.parametrizations.weight_norm(layer)
+        layer.parametrizations.weight.original0.data.copy_(g)
+        layer.parametrizations.weight.original1.data.copy_(v)
+        assert torch.equal(fold_weight_norm(g, v), layer.weight.detach())
+
+
 def test_missing_file(model_dir: Path, tmp_path: Path) -> None:
-    d = _variant_dir(model_dir, tmp_path / "m", {})
+    d = variant_dir(model_dir, tmp_path / "m", {})
     (d / "flow.pt").unlink()
     with pytest.raises(CheckpointError, match=r"missing model file: .*flow\.pt"):
         CosyVoice2Model.load(d)
@@ -80,33 +138,41 @@ def test_missing_model_dir(tmp_path: Path) -> None:
 
 
 def test_missing_key(model_dir: Path, tmp_path: Path) -> None:
-    sd = torch.load(model_dir / "hift.pt", weights_only=True)
-    del sd["conv_post.bias"]
-    d = _variant_dir(model_dir, tmp_path / "m", {"hift.pt": sd})
-    with pytest.raises(CheckpointError, match=r"hift\.pt: missing keys: 'conv_post\.bias'"):
+    sd = hift_state_dict(model_dir)
+    layout = read_layout(sd)
+    plain = sorted(k for k in sd if not k.endswith((layout.g, layout.v)))
+    key = plain[-1]
+    del sd[key]
+    name = key[len(PREFIX):] if layout.prefixed else key  # errors name keys as the model does
+    d = variant_dir(model_dir, tmp_path / "m", {"hift.pt": sd})
+    with pytest.raises(CheckpointError, match=rf"hift\.pt: missing keys: '{re.escape(name)}'"):
         CosyVoice2Model.load(d)
 
 
 def test_missing_weight_norm_half(model_dir: Path, tmp_path: Path) -> None:
-    sd = torch.load(model_dir / "hift.pt", weights_only=True)
-    del sd["conv_pre" + NEW_V]
-    d = _variant_dir(model_dir, tmp_path / "m", {"hift.pt": sd})
-    with pytest.raises(CheckpointError, match=r"hift\.pt: missing key 'conv_pre\.parametrizations\.weight\.original1'"):
+    sd = hift_state_dict(model_dir)
+    layout = read_layout(sd)
+    key = sorted(k for k in sd if k.endswith(layout.v))[0]
+    del sd[key]
+    name = key[len(PREFIX):] if layout.prefixed else key
+    d = variant_dir(model_dir, tmp_path / "m", {"hift.pt": sd})
+    with pytest.raises(CheckpointError, match=rf"hift\.pt: missing key '{re.escape(name)}'"):
         CosyVoice2Model.load(d)
 
 
 def test_shape_mismatch(model_dir: Path, tmp_path: Path) -> None:
     sd = torch.load(model_dir / "flow.pt", weights_only=True)
-    sd["encoder_proj.bias"] = sd["encoder_proj.bias"][:-1]
-    d = _variant_dir(model_dir, tmp_path / "m", {"flow.pt": sd})
-    n = sd["encoder_proj.bias"].shape[0]
-    with pytest.raises(CheckpointError, match=rf"flow\.pt: shape mismatch: 'encoder_proj\.bias' is \({n},\)"):
+    key = sorted(k for k, v in sd.items() if v.dim() == 1 and v.shape[0] > 1)[0]
+    sd[key] = sd[key][:-1]
+    d = variant_dir(model_dir, tmp_path / "m", {"flow.pt": sd})
+    n = sd[key].shape[0]
+    with pytest.raises(CheckpointError, match=rf"flow\.pt: shape mismatch: '{re.escape(key)}' is \({n},\)"):
         CosyVoice2Model.load(d)
 
 
 def test_unexpected_key(model_dir: Path, tmp_path: Path) -> None:
     sd = torch.load(model_dir / "llm.pt", weights_only=True)
     sd["stray.weight"] = torch.zeros(1)
-    d = _variant_dir(model_dir, tmp_path / "m", {"llm.pt": sd})
+    d = variant_dir(model_dir, tmp_path / "m", {"llm.pt": sd})
     with pytest.raises(CheckpointError, match=r"llm\.pt: unexpected keys: 'stray\.weight'"):
         CosyVoice2Model.load(d)

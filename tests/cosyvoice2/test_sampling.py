@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from tests.cosyvoice2.deps import require
+
+torch = require("torch")
+require("transformers")
 
 from rtvoice.engine.models.cosyvoice2.config import SamplingConfig  # noqa: E402
 from rtvoice.engine.models.cosyvoice2.sampling import nucleus_sample, ras_sample  # noqa: E402

@@ -18,9 +18,11 @@ import httpx
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("kaldi_native_fbank")
+from tests.cosyvoice2.deps import require
+
+torch = require("torch")
+require("transformers")
+require("kaldi_native_fbank")
 
 from rtvoice.engine.models.base import SynthesisOptions  # noqa: E402
 from tests.audio import parse_wav  # noqa: E402

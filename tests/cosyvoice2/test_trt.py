@@ -10,8 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from tests.cosyvoice2.deps import require
+
+torch = require("torch")
+require("transformers")
 
 from rtvoice.engine.models.cosyvoice2 import trt  # noqa: E402
 

@@ -10,9 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("kaldi_native_fbank")
+from tests.cosyvoice2.deps import require
+
+torch = require("torch")
+require("transformers")
+require("kaldi_native_fbank")
 
 from rtvoice.engine.models.base import SynthesisOptions  # noqa: E402
 from rtvoice.engine.models.cosyvoice2.frontend import END_OF_PROMPT  # noqa: E402
