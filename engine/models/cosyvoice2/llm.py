@@ -11,14 +11,14 @@ module holds only weights, so any number of streams can share it.
 Continuous batching: :meth:`Qwen2LM.forward_step` runs the pending inputs of any set of streams in ONE
 backbone pass, whatever their cache lengths and whether they are prefilling (a prompt of many
 positions) or decoding (one token). Each stream keeps its own KV buffer for all layers
-(``[layers, 2, kv_heads, capacity, head_dim]``, grown in blocks); a call stacks the streams' buffers
-into one right-padded batch, writes the new keys and values at each stream's own positions, attends
-with a per-stream mask (key ``j`` is visible to the query at position ``p`` iff ``j <= p``; padding and
-other streams' rows never are) and per-stream RoPE positions, and copies the new positions back to
-each stream's buffer. Streams join (prefill) and leave (finish, or skip a step for a token-to-wave
-chunk) between calls freely, because nothing but the weights is shared. The decoder layers are the
-backbone's own modules (norms, projections, MLP, rotary embedding); only the attention and the cache
-are ours.
+(``[layers, 2, kv_heads, capacity, head_dim]``, grown in blocks, so streams of different ages have
+different capacities); a call copies the streams' valid caches into one right-padded batch, writes
+the new keys and values at each stream's own positions, attends with a per-stream mask (key ``j`` is
+visible to the query at position ``p`` iff ``j <= p``; padding and other streams' rows never are)
+and per-stream RoPE positions, and copies the new positions back to each stream's buffer. Streams
+join (prefill) and leave (finish, are cancelled, or skip a step for a token-to-wave chunk) between
+calls freely, because nothing but the weights is shared. The decoder layers are the backbone's own
+modules (norms, projections, MLP, rotary embedding); only the attention and the cache are ours.
 """
 
 from __future__ import annotations
@@ -159,7 +159,13 @@ class Qwen2LM(nn.Module):
         if batch == 1:
             kv = buffers[0][None, :, :, :, :total]  # a view: new positions land in the stream's buffer
         else:
-            kv = torch.stack([b[:, :, :, :total] for b in buffers])  # [B, layers, 2, Hkv, T, hd]
+            # Each stream's own buffer holds only its own positions and has its own capacity (one stream may
+            # have grown past a block another has not reached), so the batch gets a fresh right-padded copy
+            # of every stream's valid cache. Zero padding keeps the masked keys finite.
+            first = buffers[0]
+            kv = first.new_zeros(batch, *first.shape[:3], total, first.shape[4])  # [B, layers, 2, Hkv, T, hd]
+            for b, (buffer, p) in enumerate(zip(buffers, past_list)):
+                kv[b, :, :, :, :p] = buffer[:, :, :, :p]
         # Where each new position goes: rows and positions of the valid (unpadded) inputs (built on the
         # host, one transfer each: no per-stream kernels on a GPU).
         rows = torch.tensor([b for b, n in enumerate(lengths) for _ in range(n)], device=device)
