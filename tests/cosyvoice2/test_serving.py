@@ -269,3 +269,62 @@ def test_a_wrong_model_directory_stops_the_server_at_once(tmp_path: Path) -> Non
                             timeout=60, cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 2
     assert "is not a CosyVoice2 model directory" in result.stderr and "cosyvoice2.yaml" in result.stderr
+
+
+LOAD_TEXTS = ["Hi.", "Yes, sure.", "Ok.", "See you soon.", "Fine.", "Good morning!", "Why not?", "Thanks a lot."]
+
+
+def test_concurrent_requests_of_different_ages_each_equal_their_solo_output(cv_server: Server, local: Any) -> None:
+    """Eight requests of different lengths, for an SFT speaker and a registered zero-shot voice (whose prompt puts
+    its LM stream past a KV block), each sent once the one before has its first audio: old and new streams share
+    LM steps. Each completes, and its audio equals the same request synthesised alone in-process."""
+    assert register(cv_server, "loaded").status_code == 201
+    try:
+        (registered,) = [v for v in local.registered_voices() if v.info.id == "loaded"]
+        voices = {"cosyvoice2-sft": local.speakers["cosyvoice2-sft"], "loaded": registered}
+        plan = [(text, "loaded" if k % 2 else "cosyvoice2-sft", 100 + k) for k, text in enumerate(LOAD_TEXTS)]
+        batched_before = _multi_stream_lm_calls(cv_server)
+
+        async def one(client: httpx.AsyncClient, k: int, first_audio: asyncio.Event) -> bytes:
+            text, voice, seed = plan[k]
+            if k % 4 < 2:  # CosyVoice's form API and OpenAI's speech API, both raw 24 kHz PCM
+                request = client.build_request("POST", f"{cv_server.url}/inference_sft", data={
+                    "tts_text": text, "spk_id": voice, "seed": str(seed), "format": "pcm"})
+            else:
+                request = client.build_request("POST", f"{cv_server.url}/v1/audio/speech", json={
+                    "model": "tts-1", "input": text, "voice": voice, "response_format": "pcm", "seed": seed})
+            try:
+                response = await client.send(request, stream=True)
+                assert response.status_code == 200, await response.aread()
+                body = bytearray()
+                async for piece in response.aiter_raw():
+                    body += piece
+                    first_audio.set()
+                return bytes(body)
+            finally:
+                first_audio.set()  # also when it failed: the next request goes, and gather() reports the failure
+
+        async def run() -> list[bytes]:
+            async with httpx.AsyncClient(timeout=300) as client:
+                tasks = []
+                for k in range(len(plan)):
+                    first_audio = asyncio.Event()
+                    tasks.append(asyncio.create_task(one(client, k, first_audio)))
+                    await first_audio.wait()  # the next request arrives while this one is streaming
+                return await asyncio.gather(*tasks)
+
+        bodies = asyncio.run(run())
+        assert _multi_stream_lm_calls(cv_server) > batched_before, "no LM call ever ran two streams together"
+        for (text, voice, seed), body in zip(plan, bodies, strict=True):
+            samples = np.frombuffer(body, dtype="<i2")
+            assert len(samples) > 0 and len(samples) % SAMPLES_PER_TOKEN == 0, (text, voice)
+            assert np.array_equal(samples, engine_pcm(local, voices[voice], text, seed=seed)), (text, voice, seed)
+    finally:
+        httpx.delete(f"{cv_server.url}/v1/voices/loaded")
+
+
+def _multi_stream_lm_calls(server: Server) -> float:
+    """LM calls that ran more than one stream so far (the batch-size histogram's count above its first bucket)."""
+    total = server.metric("rtvoice_batch_size_count", {"kind": "lm"})
+    single = server.metric("rtvoice_batch_size_bucket", {"kind": "lm", "le": "1.0"})
+    return total - single
