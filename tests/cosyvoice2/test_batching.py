@@ -124,7 +124,8 @@ def test_lm_streams_with_different_kv_capacities_share_a_step(model: Any, vector
     from rtvoice.engine.models.cosyvoice2.llm import KV_BLOCK
 
     lm = model.llm
-    text, prompt_text, prompt_speech = (vectors[k][0].tolist() for k in ("llm_text", "llm_prompt_text", "prompt_tokens"))
+    keys = ("llm_text", "llm_prompt_text", "prompt_tokens")
+    text, prompt_text, prompt_speech = (vectors[k][0].tolist() for k in keys)
     old_spec = LMSpec(text, prompt_text, prompt_speech, min_len=KV_BLOCK + 20, max_len=KV_BLOCK + 20)
     new_spec = LMSpec(text, prompt_text, [], min_len=10, max_len=30)
     alone = {"old": _decode_alone(lm, old_spec), "new": _decode_alone(lm, new_spec)}
@@ -265,7 +266,8 @@ def test_token2wav_batched_chunks_equal_solo_for_any_mix(model: Any, data: Any, 
                 for i, chunk in zip(batch, t2w.step_many([streams[i] for i in batch]), strict=True):
                     got[i].append(chunk)
                 finals = sum(streams[i].done for i in batch)
-                event(f"a call of {len(batch)}" + (" mixing final and streaming chunks" if 0 < finals < len(batch) else ""))
+                mixed = 0 < finals < len(batch)
+                event(f"a call of {len(batch)}" + (" mixing final and streaming chunks" if mixed else ""))
     finally:
         model.hift.m_source.random_source = False
     for k, (want, have) in enumerate(zip(solo, got, strict=True)):

@@ -6,12 +6,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
+from tests.cosyvoice2.deps import require
 from tests.test_startup_log import LINE, find, start_and_read_log
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+require("torch")
+require("transformers")
 
 
 def test_cosyvoice2_degraded_modes_are_warnings(tmp_path: Path, model_dir: Path) -> None:
