@@ -89,7 +89,7 @@ class Settings(BaseSettings):
     whep_max_sessions: int = 32
     """WHEP sessions at once; past this, ``POST /whep`` answers 503 with Retry-After."""
     whep_idle_timeout_s: float = 30.0
-    """A session with no media flowing and no text (DataChannel, /speak, PATCH) for this long is closed."""
+    """A session not connected and without text (DataChannel, /speak) or PATCH for this long is closed."""
     whep_token: str = ""
     """Bearer token required on every WHEP request (``Authorization: Bearer ...``); empty means none."""
     whep_max_pending_requests: int = 8

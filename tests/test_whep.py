@@ -16,7 +16,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from rtvoice.engine.audio.framing import FrameBuffer
 from tests.conftest import Server
-from tests.whep_client import SPEECH_RMS, StunResponder, WhepPlayer
+from tests.whep_client import SPEECH_RMS, RtpArrival, StunResponder, WhepPlayer
 
 SDP = {"Content-Type": "application/sdp"}
 FRAG = {"Content-Type": "application/trickle-ice-sdpfrag"}
@@ -74,7 +74,7 @@ def debug(url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
     return response.json()
 
 
-# -- units: framing and the paced track -------------------------------------------------------------
+# -- units: framing (the paced track is in tests/test_whep_track.py) ------------------------------------
 
 
 def test_frame_buffer_cuts_fixed_frames() -> None:
@@ -91,50 +91,6 @@ def test_frame_buffer_cuts_fixed_frames() -> None:
     assert framer.pending_samples == 0 and framer.flush() is None
     with pytest.raises(ValueError):
         FrameBuffer(0)
-
-
-def test_speech_track_paces_packets_and_runs_marks() -> None:
-    import av
-
-    from rtvoice.app.whep.mediastreams import FRAME_SAMPLES, SpeechTrack
-    from rtvoice.engine.audio.encoding import SETTLE_FRAMES
-
-    tone = (np.sin(np.arange(FRAME_SAMPLES) * 2 * np.pi * 440 / 48000) * 8000).astype(np.int16)
-
-    async def main() -> None:
-        track = SpeechTrack()
-        decoder = av.CodecContext.create("libopus", "r")
-        seen: list[str] = []
-        track.mark(lambda: seen.append("start"))
-        for _ in range(3):
-            track.push(tone)
-        track.mark(lambda: seen.append("end"))
-        start = time.monotonic()
-        packets = [await track.recv() for _ in range(12)]
-        elapsed = time.monotonic() - start
-        assert seen == ["start", "end"]
-        assert [p.pts for p in packets] == [i * FRAME_SAMPLES for i in range(12)]
-        levels = []
-        for packet in packets:
-            frames = decoder.decode(packet)
-            levels.append(max((float(np.abs(f.to_ndarray()).max()) for f in frames), default=0.0))
-        assert min(levels[1:3]) > 2000  # the tone
-        assert max(levels[-4:]) < 50  # then silence
-        assert 0.18 <= elapsed < 2.0  # eleven 20 ms waits: paced to the clock, not as fast as possible
-        # Once silence has settled the encoder is not called any more: idle sessions cost no codec work.
-        encoded = track._encoder.encoded
-        await track.recv()
-        assert track._encoder.encoded == encoded and 12 - 3 > SETTLE_FRAMES
-        track.push(tone)
-        track.clear()
-        assert track.speech_frames_sent == 3
-        await track.recv()
-        assert track.speech_frames_sent == 3  # cleared: silence from the next frame on
-        track.stop()
-        with pytest.raises(Exception):
-            await track.recv()
-
-    run(main())
 
 
 # -- session setup: POST, the answer, DELETE ------------------------------------------------------------
@@ -210,11 +166,28 @@ def test_offer_errors(server: Server) -> None:
 # -- speech ---------------------------------------------------------------------------------------------
 
 
+def assert_talkspurts_marked(rtp: list[RtpArrival], utterances: int, underrun_frames: int = 0) -> None:
+    """RTP timestamps advance by whole 20 ms frames; the marker bit is set on the stream's first packet, after
+    skipped RTP time (the server's loop was late) and on each utterance's first packet (or where speech resumes
+    after an underrun), and on no other."""
+    assert rtp and rtp[0].marker == 1
+    steps = [b.timestamp - a.timestamp & 0xFFFFFFFF for a, b in zip(rtp, rtp[1:])]
+    assert all(step >= 960 and step % 960 == 0 for step in steps), steps
+    assert [b.sequence_number - a.sequence_number & 0xFFFF for a, b in zip(rtp, rtp[1:])] == [1] * len(steps)
+    assert all(packet.marker for packet, step in zip(rtp[1:], steps) if step > 960)
+    onsets = sum(1 for packet, step in zip(rtp[1:], steps) if step == 960 and packet.marker)
+    skips = sum(1 for step in steps if step > 960)
+    # An onset may coincide with a skip; speech resuming after an underrun begins a talkspurt too.
+    assert utterances - skips <= onsets <= utterances + underrun_frames, (onsets, skips, underrun_frames)
+
+
 def test_datachannel_request_is_heard(server: Server) -> None:
     async def main() -> None:
         player = await WhepPlayer(server.url).start()
         try:
+            underruns_before = server.metric("rtvoice_whep_underrun_seconds_total")
             await asyncio.sleep(0.4)
+            assert player.rtp == []  # connected, nothing said: media starts with the first text
             sent = player.send({"type": "tts_request", "text": SHORT, "speaker_id": "en_US-joe-medium",
                                 "request_id": "r1"})
             first = await player.wait_for_speech(sent)
@@ -222,13 +195,15 @@ def test_datachannel_request_is_heard(server: Server) -> None:
             start = await player.event("audio_start", "r1")
             done = await player.event("done", "r1")
             await asyncio.sleep(0.3)
-            before = player.frames_between(0, sent)
+            lead_in = player.frames_between(sent, first.at)[:1]
             during = player.frames_between(first.at, first.at + done["audio_s"])
             latency = first.at - sent
             print(f"\nWHEP text -> first audible frame at the player: {latency * 1000:.0f} ms "
                   f"(server ttfa_ms {start['ttfa_ms']})")
             assert accepted["voice"] == "en_US-joe-medium" and accepted["queue_position"] == 0
-            assert len(before) >= 10 and max(f.rms for f in before) < 1e-3  # silence before the request
+            assert lead_in and lead_in[0].rms < 1e-3  # media starts at once, with silence while speech is made
+            underrun_frames = round((server.metric("rtvoice_whep_underrun_seconds_total") - underruns_before) / 0.02)
+            assert_talkspurts_marked(player.rtp, utterances=1, underrun_frames=underrun_frames)
             rms = float(np.sqrt(np.mean([f.rms ** 2 for f in during])))
             assert rms > 0.03  # real speech energy, far above silence
             assert 2.0 < done["audio_s"] < 8.0

@@ -2,7 +2,8 @@
 
 The player offers recvonly audio and a DataChannel named "tts", POSTs the offer,
 applies the answer, and logs every decoded audio frame with its arrival time
-and level, so a test can say when speech started and stopped.
+and level, so a test can say when speech started and stopped, and every RTP
+header (sequence number, timestamp, marker bit) as it arrives.
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ class Frame:
 
 
 @dataclass
+class RtpArrival:
+    at: float
+    """time.monotonic() when the packet reached the player."""
+    sequence_number: int
+    timestamp: int
+    marker: int
+
+
+@dataclass
 class WhepPlayer:
     base_url: str
     token: str | None = None
@@ -41,6 +51,8 @@ class WhepPlayer:
     datachannel: bool = True
     http: httpx.AsyncClient | None = None
     frames: list[Frame] = field(default_factory=list)
+    rtp: list[RtpArrival] = field(default_factory=list)
+    """Every audio RTP packet's header, in arrival order."""
     events: list[dict[str, Any]] = field(default_factory=list)
     location: str | None = None
     etag: str | None = None
@@ -66,7 +78,14 @@ class WhepPlayer:
 
     async def offer(self) -> str:
         """Gather and return the offer SDP (recvonly audio, and the "tts" DataChannel)."""
-        self.pc.addTransceiver("audio", direction="recvonly")
+        receiver = self.pc.addTransceiver("audio", direction="recvonly").receiver
+        handle = receiver._handle_rtp_packet
+
+        async def log_rtp(packet: Any, arrival_time_ms: int) -> None:  # the headers, before aiortc depacketizes
+            self.rtp.append(RtpArrival(time.monotonic(), packet.sequence_number, packet.timestamp, packet.marker))
+            await handle(packet, arrival_time_ms=arrival_time_ms)
+
+        receiver._handle_rtp_packet = log_rtp  # type: ignore[method-assign]
         if self.datachannel:
             self.channel = self.pc.createDataChannel("tts")
             self.channel.on("open", self._channel_open.set)

@@ -18,16 +18,18 @@ from collections.abc import Coroutine
 from typing import Any
 
 from aiortc import RTCPeerConnection
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import Overloaded
+from rtvoice.engine.metrics import LATENCY_BUCKETS
 from rtvoice.engine.models.base import Voice
 from rtvoice.engine.settings import Settings
 
 from rtvoice.app.whep.ice import IceServer, link_headers, parse_ice_servers
 from rtvoice.app.whep.resource import WhepResource
 from rtvoice.app.whep.sdp import Offer
+from rtvoice.app.whep.speaker import Utterance
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,10 @@ class WhepEndpoint:
         self.late_frames = Counter("rtvoice_whep_late_frames",
                                    "Audio frames pulled more than 60 ms after they were due (event loop behind)",
                                    registry=registry)
+        self.first_frame_seconds = Histogram(
+            "rtvoice_whep_first_frame_seconds",
+            "Text in (POST /speak or a DataChannel message) to its first frame handed to the RTP sender",
+            ["source"], buckets=LATENCY_BUCKETS, registry=registry)
         self.underrun_seconds = Counter("rtvoice_whep_underrun_seconds",
                                         "Silence sent inside an utterance because its audio was not ready",
                                         registry=registry)
@@ -156,6 +162,11 @@ class WhepEndpoint:
 
     def count_utterance(self, outcome: str) -> None:
         self.utterances.labels(outcome).inc()
+
+    def observe_first_frame(self, utterance: Utterance) -> None:
+        if utterance.first_frame_at is not None:
+            source = "speak" if utterance.reply_to is None else "datachannel"
+            self.first_frame_seconds.labels(source).observe(utterance.first_frame_at - utterance.accepted_at)
 
     def open_peer_connections(self) -> int:
         return sum(1 for pc in list(self._peer_connections) if pc.connectionState != "closed")

@@ -1,10 +1,29 @@
 """The session's audio track: 20 ms Opus packets at 48 kHz, paced to the wall clock, silence when nothing is said.
 
 aiortc's RTP sender pulls ``recv()`` in a loop. Each call waits until its frame
-is due, like aiortc's own ``AudioStreamTrack``, then returns the next queued
-speech frame, or silence. Marks queued between frames run when playback reaches
-them: that is how the speaker learns when an utterance's first and last frames
-actually leave.
+is due, then returns the next queued speech frame, or silence. Marks queued
+between frames run when playback reaches them: that is how the speaker learns
+when an utterance's first and last frames actually leave.
+
+Media starts with the session's first text (``activate``), not when the
+connection comes up: a player buffers whatever arrives before its playback
+starts, and Chromium then plays speech only after that backlog of silence
+(speeding playback up to drain it). From the first text on the track sends
+without a break, silence between utterances: no DTX, which players do not
+offer (``usedtx``, RFC 7587) and a JSEP answerer uses only when offered. The
+silence sent while the first utterance is synthesised primes the player's
+jitter buffer.
+
+Pacing never sends audio faster than real time. A packet's RTP timestamp is
+the time it is due on a 20 ms grid that starts with the first packet; a pull
+that comes a whole frame or more after its due time (the event loop was
+busy) moves the timestamp on by the frames missed instead of sending them late
+in a burst. A player's jitter buffer then sees every packet arrive within one
+frame of its timestamp: the stall costs a gap the player conceals, never a
+deeper buffer that later speech would wait behind. The packets that begin a
+talkspurt (the stream's first, an utterance's first frame after silence, the
+first after such a gap) are remembered by timestamp for the RTP marker bit
+(``app/whep/marker.py``).
 
 The track encodes Opus itself (mono, one packet per 20 ms frame) and hands the
 sender packets, which it only packetises. Silence settles to one identical
@@ -21,7 +40,7 @@ import fractions
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
@@ -40,8 +59,9 @@ OPUS_BITRATE = 40_000
 """Mono speech; fullband at this rate is transparent for a TTS voice."""
 LATE_S = 0.06
 """A frame pulled this long after it was due counts as late."""
-RESYNC_S = 0.2
-"""Further behind than this, the clock restarts instead of bursting to catch up."""
+RTP_TIMESTAMP_MASK = 0xFFFFFFFF
+TALKSPURT_HISTORY = 128
+"""Talkspurt starts remembered for the marker bit: as many packets as aiortc keeps for retransmission."""
 
 
 class Mark:
@@ -56,22 +76,28 @@ class Mark:
 class SpeechTrack(MediaStreamTrack):
     kind = "audio"
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         super().__init__()
         self._clock = clock
+        self._sleep = sleep
         self._items: deque[np.ndarray | Mark] = deque()
         self._queued_frames = 0
         self._space = asyncio.Event()
         self._space.set()
         self._low_water = 0
+        self._active = asyncio.Event()
         self._start: float | None = None
         self._timestamp = 0
+        self._speaking = False
+        self._talkspurts: deque[int] = deque(maxlen=TALKSPURT_HISTORY)
         self._encoder = OpusPacketEncoder(SAMPLE_RATE, FRAME_SAMPLES, OPUS_BITRATE)
         self.frames_sent = 0
         self.speech_frames_sent = 0
         self.late_frames = 0
+        self.skipped_frames = 0
+        """Frames of RTP time passed over because a pull came late (heard as a concealed gap)."""
         self.underrun_frames = 0
-        self.last_pull: float | None = None
         self.expecting = False
         """Set by the speaker while an utterance is under way: an empty queue then is an underrun."""
         self.on_late: Callable[[int], None] | None = None
@@ -90,6 +116,10 @@ class SpeechTrack(MediaStreamTrack):
             raise ValueError(f"a frame holds {FRAME_SAMPLES} samples, not {len(frame)}")
         self._items.append(frame)
         self._queued_frames += 1
+
+    def activate(self) -> None:
+        """Start the media: the first packet leaves at once (silence until speech is queued), then every 20 ms."""
+        self._active.set()
 
     def mark(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` when the frames queued so far have been sent."""
@@ -130,31 +160,46 @@ class SpeechTrack(MediaStreamTrack):
         self._run_marks()  # an utterance's end mark runs as its last frame leaves
         return frame  # type: ignore[return-value]
 
-    async def _wait_until_due(self) -> None:
+    async def _next_timestamp(self) -> bool:
+        """Wait until the next frame is due and set its timestamp; True when frames were skipped to get there."""
         now = self._clock()
         if self._start is None:
             self._start = now
             self._timestamp = 0
-            return
+            return False
         self._timestamp += FRAME_SAMPLES
         due = self._start + self._timestamp / SAMPLE_RATE
         if due > now:
-            await asyncio.sleep(due - now)
-            return
-        if now - due > LATE_S:
+            await self._sleep(due - now)
+            now = self._clock()  # the loop may have been busy past the due time while we slept
+        behind = now - due
+        if behind > LATE_S:
             self.late_frames += 1
             if self.on_late:
                 self.on_late(1)
-        if now - due > RESYNC_S:  # far behind (a stalled loop): restart the clock rather than burst
-            self._start = now - self._timestamp / SAMPLE_RATE
+        missed = int(behind / FRAME_S)
+        if missed == 0:
+            return False
+        # Never catch up in a burst: the frames missed are skipped over in RTP time, not sent late.
+        self._timestamp += missed * FRAME_SAMPLES
+        self.skipped_frames += missed
+        return True
+
+    def begins_talkspurt(self, timestamp: int) -> bool:
+        """Whether the packet with this timestamp (``pts``, modulo 2**32) began a talkspurt: its marker bit is set."""
+        return timestamp & RTP_TIMESTAMP_MASK in self._talkspurts
 
     async def recv(self) -> Packet:
         if self.readyState != "live":
             raise MediaStreamError
-        await self._wait_until_due()
+        first = self._start is None
+        if first:
+            await self._active.wait()
+            if self.readyState != "live":
+                raise MediaStreamError
+        skipped = await self._next_timestamp()
         if self.readyState != "live":
             raise MediaStreamError
-        self.last_pull = self._clock()
         pcm = self._next_pcm()
         if pcm is None:
             if self.expecting:
@@ -163,6 +208,9 @@ class SpeechTrack(MediaStreamTrack):
                     self.on_underrun()
         else:
             self.speech_frames_sent += 1
+        if first or skipped or (pcm is not None and not self._speaking):
+            self._talkspurts.append(self._timestamp & RTP_TIMESTAMP_MASK)
+        self._speaking = pcm is not None
         packet = Packet(self._encoder.encode(pcm))
         packet.pts = self._timestamp
         packet.time_base = TIME_BASE
@@ -173,3 +221,4 @@ class SpeechTrack(MediaStreamTrack):
         self.clear()
         self.expecting = False
         super().stop()
+        self._active.set()  # a recv() still waiting for the first text ends (MediaStreamError)

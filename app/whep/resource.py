@@ -21,6 +21,7 @@ from rtvoice.engine.errors import EngineError
 from rtvoice.engine.models.base import Voice
 
 from rtvoice.app.whep.ice import rtc_configuration
+from rtvoice.app.whep.marker import MarkerBitTransport
 from rtvoice.app.whep.mediastreams import SpeechTrack
 from rtvoice.app.errors import error_fields
 from rtvoice.app.whep.messages import Cancel, SpeakRequest, event, parse_message
@@ -53,7 +54,7 @@ class WhepResource:
         self.track.on_late = endpoint.count_late_frames
         self.track.on_underrun = endpoint.count_underrun
         self.speaker = Speaker(endpoint.engine, self.track, voice, self._emit, endpoint.max_pending,
-                               self._spawn, endpoint.count_utterance)
+                               self._spawn, endpoint.count_utterance, endpoint.observe_first_frame)
         self.channels: list[RTCDataChannel] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._offer: Offer | None = None
@@ -84,6 +85,9 @@ class WhepResource:
                 other.direction = "inactive"  # no video, no second audio: nothing is received either
         answer = await pc.createAnswer()
         await pc.setLocalDescription(answer)
+        # The sender's transport is settled now (bundling happens while the offer is applied; no renegotiation).
+        sender = transceiver.sender
+        sender.setTransport(MarkerBitTransport(sender.transport, self.track, sender._ssrc))
         if pc.iceGatheringState != "complete":  # aiortc gathers inside setLocalDescription; be sure anyway
             done = asyncio.Event()
             pc.on("icegatheringstatechange", lambda: pc.iceGatheringState == "complete" and done.set())
@@ -178,11 +182,11 @@ class WhepResource:
         self.last_activity = time.monotonic()
 
     def idle_for(self, now: float) -> float:
-        """Seconds since the last text, PATCH or media frame pulled by the player's connection."""
-        last = self.last_activity
-        if self.track.last_pull is not None:
-            last = max(last, self.track.last_pull)
-        return now - last
+        """Seconds since the last text or PATCH; 0 while connected (a vanished player's connection fails within
+        about 30 s, ICE consent, and closes the session)."""
+        if self.pc.connectionState == "connected":
+            return 0.0
+        return now - self.last_activity
 
     def _spawn(self, coroutine: object, name: str) -> asyncio.Task[None]:
         task = self.endpoint.spawn(coroutine, f"{name}-{self.id[:8]}")

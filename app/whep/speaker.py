@@ -71,7 +71,8 @@ class Utterance:
 
 class Speaker:
     def __init__(self, engine: Engine, track: SpeechTrack, voice: Voice, emit: Emit, max_pending: int,
-                 spawn: Callable[..., asyncio.Task[None]], on_outcome: Callable[[str], None] | None = None) -> None:
+                 spawn: Callable[..., asyncio.Task[None]], on_outcome: Callable[[str], None] | None = None,
+                 on_first_frame: Callable[[Utterance], None] | None = None) -> None:
         self.engine = engine
         self.track = track
         self.voice = voice
@@ -79,6 +80,7 @@ class Speaker:
         self.max_pending = max_pending
         self._spawn = spawn
         self._on_outcome = on_outcome
+        self._on_first_frame_sent = on_first_frame
         self._pending: deque[Utterance] = deque()
         """Accepted and not finished, in playback order (the first may be playing)."""
         self._to_pump: deque[Utterance] = deque()
@@ -108,6 +110,7 @@ class Speaker:
                               reply_to)
         self._pending.append(utterance)
         self._to_pump.append(utterance)
+        self.track.activate()
         if self._task is None or self._task.done():
             self._task = self._spawn(self._run(), "whep-speaker")
         return utterance
@@ -203,6 +206,8 @@ class Speaker:
         utterance.start_frame = self.track.speech_frames_sent
         self._send(utterance, "audio_start",
                    ttfa_ms=round((utterance.first_frame_at - utterance.accepted_at) * 1000, 1))
+        if self._on_first_frame_sent is not None:
+            self._on_first_frame_sent(utterance)
 
     def _on_last_frame(self, utterance: Utterance) -> None:
         if utterance in self._pending:
