@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 # A CPU build of torch that lies on these machines; a bare `torch` would pull a CUDA build of several GB.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: run test venv test-deps browser bench clean
+.PHONY: run test venv test-deps browser whep-player bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,11 +35,20 @@ browser:
 	  else echo "chromium missing (not root): browser tests will skip unless RTVOICE_REQUIRE_BROWSER=1"; fi; \
 	fi
 
-test: test-deps browser
+# The third-party WHEP player the browser tests and bench.whep_browser drive (medooze's whip-whep from npm,
+# pinned by tests/whep_player/package-lock.json).
+WHEP_PLAYER := tests/whep_player
+$(WHEP_PLAYER)/node_modules/.package-lock.json: $(WHEP_PLAYER)/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then cd $(WHEP_PLAYER) && npm ci --no-audit --no-fund --loglevel=error; \
+	else echo "npm missing: the WHEP player test will skip unless RTVOICE_REQUIRE_BROWSER=1"; fi
+
+whep-player: $(WHEP_PLAYER)/node_modules/.package-lock.json
+
+test: test-deps browser whep-player
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: test-deps
 	$(PY) -m bench.ttfa
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info $(WHEP_PLAYER)/node_modules

@@ -3,8 +3,10 @@
     python -m bench.whep_listeners [--levels 1 4 8 12 16 24] [--url http://127.0.0.1:8000 --pid PID]
 
 At each level N aiortc players connect over WHEP (recvonly Opus, DataChannel),
-listen to silence for a few seconds (the idle cost), then all send the same
-paragraph at once and listen until the server says ``done``. Reported per level:
+each has a short sentence spoken (a session's media starts with its first text),
+listen to silence for a few seconds (the idle cost between utterances), then all
+send the same paragraph at once and listen until the server says ``done``.
+Reported per level:
 
 - server CPU seconds per listener per second of audio (``/proc/PID/stat``), and per
   listener-second of silence while idle (less the server's CPU with no session);
@@ -113,6 +115,9 @@ async def run_level(url: str, pid: int, n: int, text: str, stagger_s: float) -> 
         try:
             for i in range(0, n, 8):
                 await asyncio.gather(*(p.start(timeout=30) for p in players[i:i + 8]))
+            for player in players:  # media starts with the first text: listen after one, between utterances
+                player.send({"type": "tts_request", "text": "Hello.", "request_id": "warm"})
+            await asyncio.gather(*(p.event("done", "warm", timeout=60) for p in players))
             await asyncio.sleep(1.0)
             cpu0 = process_cpu_s(pid)
             await asyncio.sleep(IDLE_S)
@@ -138,7 +143,8 @@ async def run_level(url: str, pid: int, n: int, text: str, stagger_s: float) -> 
                 frame = player.first_speech_after(t)
                 if frame is not None:
                     ttfa.append(frame.at - t)
-                start_event = next((e for e in player.events if e.get("type") == "audio_start"), None)
+                start_event = next((e for e in player.events
+                                    if e.get("type") == "audio_start" and e.get("request_id") == "para"), None)
                 if start_event is not None:
                     server_ttfa.append(start_event["ttfa_ms"] / 1000)
                     speech_start = frame.at if frame is not None else t

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from typing import Any
 
 import pytest
 
 from bench.servers import Server, start_rtvoice
+from tests.browser import Missing, launch_chromium, skip_or_fail
 
 __all__ = ["Server"]
 
@@ -60,3 +63,14 @@ def cosyvoice_stubs(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[n
     sys.path.insert(0, str(directory))
     importlib.invalidate_caches()
     return importlib.import_module("cosyvoice_pb2"), importlib.import_module("cosyvoice_pb2_grpc")
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    """Headless Chromium (Playwright); skipped when missing, failed instead under RTVOICE_REQUIRE_BROWSER=1."""
+    with ExitStack() as stack:
+        try:
+            browser = stack.enter_context(launch_chromium())
+        except Missing as missing:
+            skip_or_fail(missing)
+        yield browser

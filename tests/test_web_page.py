@@ -3,9 +3,6 @@ API docs render with the network cut off."""
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import httpx
@@ -13,34 +10,10 @@ import pytest
 
 from tests.conftest import Server
 
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--autoplay-policy=no-user-gesture-required", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic",
-    "--mute-audio",
-]
-
-
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    executable = _chromium()
-    if executable is None:
-        if os.environ.get("RTVOICE_REQUIRE_BROWSER") == "1":
-            pytest.fail("chromium is not installed and RTVOICE_REQUIRE_BROWSER=1")
-        pytest.skip("chromium is not installed")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
 
 @pytest.fixture
-def page(browser, server: Server):  # type: ignore[no-untyped-def]
-    context = browser.new_context()
+def page(chromium, server: Server):  # type: ignore[no-untyped-def]
+    context = chromium.new_context()
     page = context.new_page()
     page.goto(server.url + "/")
     page.wait_for_function("document.querySelectorAll('#voice option').length > 0", timeout=10_000)
@@ -91,9 +64,9 @@ def test_http_speaks(page) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def offline_context(browser):  # type: ignore[no-untyped-def]
+def offline_context(chromium):  # type: ignore[no-untyped-def]
     """A browser context cut off from everything but loopback; the requests it refused are kept."""
-    context = browser.new_context()
+    context = chromium.new_context()
     refused: list[str] = []
 
     def route(route) -> None:  # type: ignore[no-untyped-def]
