@@ -46,6 +46,7 @@ import httpx
 import numpy as np
 
 from bench.servers import Server, start_rtvoice
+from bench.whep_listeners import percentile
 from tests.browser import launch_chromium, serve_whep_player
 
 TEXT = "Hello! How can I help you today?"
@@ -60,11 +61,6 @@ SCENARIOS = {
     "after-800ms": (800, False),
     "play-at-text": (800, True),
 }
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def first_frame_metric(url: str, source: str) -> tuple[float, float]:
