@@ -44,9 +44,10 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rtvoice.app.errors import invalid_value
+from rtvoice.app.request_context import track_stream
 from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.state import engine_of
-from rtvoice.app.streaming import audio_body
+from rtvoice.app.streaming import SpeechResponse, audio_body
 from rtvoice.app.websocket_io import (CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, Gone, SocketWriter, json_of, received,
                                       serve_session)
 from rtvoice.engine.audio.encoding import Encoder, PcmEncoder, PcmF32Encoder, WavEncoder, create_encoder
@@ -251,6 +252,15 @@ class Connection:
             for context in list(self.contexts.values()):
                 self._cancel(context)
 
+    def speaking(self) -> bool:
+        return bool(self.contexts)
+
+    async def shut_down(self) -> None:
+        for context in list(self.contexts.values()):
+            self._cancel(context)
+        await self.send_error(InvalidRequest("the server is shutting down", code="server_shutting_down"), None)
+        await self.writer.close(CLOSE_GOING_AWAY, "server shutting down")
+
     # -- receiving ---------------------------------------------------------------------------------
 
     async def _handle(self, message: dict[str, Any]) -> None:
@@ -306,6 +316,7 @@ class Connection:
         synthesis = resolve(self.engine, request)
         encoder = create_cartesia_encoder(synthesis.output_format, synthesis.sample_rate, ("raw",))
         stream = self.engine.open_stream(synthesis.voice, synthesis.options, synthesis.sample_rate)
+        track_stream(stream)
         delay_ms = DEFAULT_BUFFER_DELAY_MS if request.max_buffer_delay_ms is None else request.max_buffer_delay_ms
         context = Context(context_id, stream, encoder, request.add_timestamps, delay_ms / 1000)
         self.contexts[context_id] = context
@@ -447,5 +458,5 @@ async def tts_bytes(request: Request) -> Response:
     synthesis = resolve(engine, speech)
     encoder = create_cartesia_encoder(synthesis.output_format, synthesis.sample_rate, ("raw", "wav", "mp3"))
     stream = engine.open_stream(synthesis.voice, synthesis.options, synthesis.sample_rate, text=speech.transcript)
-    return StreamingResponse(audio_body(stream, encoder), media_type=encoder.content_type,
+    return SpeechResponse(audio_body(stream, encoder), media_type=encoder.content_type,
                              headers={"X-Sample-Rate": str(synthesis.sample_rate), "X-Voice": synthesis.voice.info.id})

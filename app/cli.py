@@ -65,8 +65,7 @@ def _settings(**overrides: Any) -> Settings:
 
 
 def serve(args: argparse.Namespace) -> None:
-    import uvicorn
-
+    from rtvoice.app import server
     from rtvoice.app.main import create_app
 
     overrides = {field: getattr(args, field) for field, _ in SERVE_OPTIONS.values() if getattr(args, field) is not None}
@@ -96,8 +95,14 @@ def serve(args: argparse.Namespace) -> None:
             sys.exit(2)
     log.info("rtvoice %s starting; voices load in the background (/readyz answers 200 when they are ready)",
              package_version())
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
-                log_config=None)  # configured above, by logs.configure
+    try:
+        app = create_app(settings)
+    except ValueError as error:  # e.g. RTVOICE_API_KEYS with a key listed twice
+        print(f"rtvoice: invalid setting: {error}", file=sys.stderr)
+        sys.exit(2)
+    code = server.run(app, settings)  # logging configured above, by logs.configure
+    if code:
+        sys.exit(code)
 
 
 def output_format(path: Path) -> AudioFormat | None:

@@ -24,7 +24,7 @@ from starlette.datastructures import UploadFile
 
 from rtvoice.app.errors import error_response, validation_error_response
 from rtvoice.app.state import engine_of
-from rtvoice.app.streaming import audio_body
+from rtvoice.app.streaming import SpeechResponse, audio_body
 from rtvoice.engine.audio.encoding import FORMATS, create_encoder
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import InvalidRequest, ModelNotLoaded
@@ -56,7 +56,8 @@ async def read_form(request: Request) -> tuple[dict[str, str], dict[str, UploadF
     files: dict[str, UploadFile] = {}
     content_type = request.headers.get("content-type", "")
     if content_type.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
-        form = await request.form()
+        parts = request.app.state.settings.max_form_parts
+        form = await request.form(max_files=parts, max_fields=parts)
         for key, value in form.items():
             if isinstance(value, str):
                 fields[key] = value
@@ -139,7 +140,7 @@ async def inference_sft(request: Request) -> Response:
     rate = form.sample_rate or voice.info.sample_rate
     stream = engine.open_stream(voice, SynthesisOptions(speed=form.speed, seed=form.seed), rate, text=form.tts_text)
     encoder = create_encoder(form.format, rate)
-    return StreamingResponse(audio_body(stream, encoder), media_type=encoder.content_type,
+    return SpeechResponse(audio_body(stream, encoder), media_type=encoder.content_type,
                              headers={"X-Sample-Rate": str(rate), "X-Voice": voice.info.id})
 
 
@@ -260,7 +261,7 @@ def _stream_response(engine: Engine, voice: Voice, form: PromptForm) -> Response
     rate = form.sample_rate or voice.info.sample_rate
     stream = engine.open_stream(voice, SynthesisOptions(seed=form.seed), rate, text=form.tts_text)
     encoder = create_encoder(form.format, rate)
-    return StreamingResponse(audio_body(stream, encoder), media_type=encoder.content_type,
+    return SpeechResponse(audio_body(stream, encoder), media_type=encoder.content_type,
                              headers={"X-Sample-Rate": str(rate), "X-Voice": voice.info.id})
 
 

@@ -1,4 +1,5 @@
-"""The one error body every route returns: OpenAI's ``{"error": {"message", "type", "code", "param"}}``."""
+"""The one error body every route returns: OpenAI's ``{"error": {"message", "type", "code", "param"}}``,
+with the request's id as ``request_id`` when it runs for a request."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope, Send
 
+from rtvoice.app.request_context import current_request_id
 from rtvoice.engine.errors import EngineError, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -17,7 +20,11 @@ log = logging.getLogger(__name__)
 
 def error_body(message: str, type: str = "invalid_request_error", code: str | None = None,
                param: str | None = None) -> dict[str, dict[str, str | None]]:
-    return {"error": {"message": message, "type": type, "code": code, "param": param}}
+    body: dict[str, str | None] = {"message": message, "type": type, "code": code, "param": param}
+    request_id = current_request_id()
+    if request_id is not None:
+        body["request_id"] = request_id
+    return {"error": body}
 
 
 def error_response(status: int, message: str, type: str = "invalid_request_error", code: str | None = None,
@@ -28,6 +35,36 @@ def error_response(status: int, message: str, type: str = "invalid_request_error
 def engine_error_response(error: EngineError) -> JSONResponse:
     headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else None
     return error_response(error.status, error.message, error.type, error.code, error.param, headers)
+
+
+# Close codes (RFC 6455 and IANA's registry) for a WebSocket refused where no HTTP answer can be sent.
+CLOSE_POLICY_VIOLATION = 1008
+CLOSE_TRY_AGAIN_LATER = 1013
+
+
+async def asgi_error(scope: Scope, send: Send, error: EngineError, headers: dict[str, str] | None = None) -> None:
+    """Answer a request with the error body from a middleware, before any route runs.
+
+    A WebSocket gets the same HTTP answer before its upgrade (ASGI's ``websocket.http.response``); a server
+    without that extension gets a close instead: 1008 for 401/403, 1013 (try again later) for the rest.
+    """
+    response = engine_error_response(error)
+    for name, value in (headers or {}).items():
+        response.headers[name] = value
+    if scope["type"] == "http":
+        await response({**scope}, _no_receive, send)
+        return
+    if "websocket.http.response" in scope.get("extensions", {}):
+        await send({"type": "websocket.http.response.start", "status": response.status_code,
+                    "headers": response.raw_headers})
+        await send({"type": "websocket.http.response.body", "body": response.body})
+        return
+    code = CLOSE_POLICY_VIOLATION if error.status in (401, 403) else CLOSE_TRY_AGAIN_LATER
+    await send({"type": "websocket.close", "code": code, "reason": error.code[:120]})
+
+
+async def _no_receive() -> dict[str, object]:
+    return {"type": "http.disconnect"}
 
 
 def error_fields(error: EngineError) -> dict[str, object]:

@@ -1,8 +1,11 @@
-"""One log format for rtvoice, uvicorn and the libraries: time, level, logger, message.
+"""One log format for rtvoice, uvicorn and the libraries: time, level, logger, message (and the request's id).
 
-uvicorn's access lines take the same prefix. Requests to the probe routes (``/healthz``, ``/readyz``,
-``/metrics``) stay out of the access log: an orchestrator polls them every few seconds, and readiness is
-announced once, by the ``ready`` line, instead of by a run of ``/readyz 503`` lines.
+A line written while a request runs ends with `` request_id=...``. The access log is rtvoice's own
+(``rtvoice.access``, written by ``app/request_context.py``: route, status, key name, time to first audio, audio
+seconds), so uvicorn's access lines and its WebSocket handshake lines (which would show an ``api_key`` query
+value) are left out. Requests to the probe routes (``/healthz``, ``/readyz``, ``/metrics``) stay out of the
+access log: an orchestrator polls them every few seconds, and readiness is announced once, by the ``ready``
+line, instead of by a run of ``/readyz 503`` lines.
 """
 
 from __future__ import annotations
@@ -11,20 +14,14 @@ import logging
 import logging.config
 from typing import Any
 
-LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
-ACCESS_FORMAT = '%(asctime)s %(levelname)-7s %(name)s: %(client_addr)s "%(request_line)s" %(status_code)s'
-PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s%(request_suffix)s"
 
 
-class ProbeFilter(logging.Filter):
-    """Drops uvicorn's access lines for the probe routes."""
+class UvicornHandshakeFilter(logging.Filter):
+    """Drops uvicorn's WebSocket handshake lines: rtvoice's access line says the same, without the key."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        # uvicorn.access logs with args (client_addr, method, full_path, http_version, status_code).
-        args = record.args
-        if isinstance(args, tuple) and len(args) >= 3:
-            return str(args[2]).split("?", 1)[0] not in PROBE_PATHS
-        return True
+        return not (isinstance(record.msg, str) and record.msg.startswith('%s - "WebSocket %s"'))
 
 
 class UvicornName(logging.Filter):
@@ -42,23 +39,19 @@ def log_config(level: str) -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"probes": {"()": ProbeFilter}, "uvicorn_name": {"()": UvicornName}},
-        "formatters": {
-            "default": {"format": LOG_FORMAT},
-            "access": {"()": "uvicorn.logging.AccessFormatter", "fmt": ACCESS_FORMAT, "use_colors": False},
-        },
+        "filters": {"uvicorn_name": {"()": UvicornName}, "handshakes": {"()": UvicornHandshakeFilter},
+                    "request_id": {"()": "rtvoice.app.request_context.RequestIdFilter"}},
+        "formatters": {"default": {"format": LOG_FORMAT}},
         "handlers": {
             "default": {"class": "logging.StreamHandler", "formatter": "default", "stream": "ext://sys.stderr",
-                        "filters": ["uvicorn_name"]},
-            "access": {"class": "logging.StreamHandler", "formatter": "access", "stream": "ext://sys.stderr",
-                       "filters": ["probes"]},
+                        "filters": ["uvicorn_name", "handshakes", "request_id"]},
         },
         "root": {"handlers": ["default"], "level": "WARNING"},
         "loggers": {
             "rtvoice": {"level": level},
             "uvicorn": {"handlers": ["default"], "level": level, "propagate": False},
             "uvicorn.error": {"level": level},
-            "uvicorn.access": {"handlers": ["access"], "level": level, "propagate": False},
+            "uvicorn.access": {"level": "WARNING"},  # replaced by rtvoice.access
         },
     }
 

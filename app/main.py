@@ -13,11 +13,14 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rtvoice.app import (cartesia_api, cosyvoice_api, cosyvoice_grpc, errors, openai_speech, ops, piper_api,
                          websocket_api)
 from rtvoice.app import whep
+from rtvoice.app.access import AccessControl, KeyRing, warn_if_open
+from rtvoice.app.drain import Drain, DrainGate
+from rtvoice.app.limits import BodyLimit, OpenSockets, WebSocketLimits
+from rtvoice.app.request_context import RequestContext
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.settings import Settings
 
@@ -26,36 +29,9 @@ log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 
 
-class RequestMetrics:
-    """Counts requests by route template and status (unknown paths share one label)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500
-
-        async def send_with_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_status)
-        finally:
-            route = scope.get("route")
-            path = getattr(route, "path", None) or ("static" if status < 400 else "other")
-            scope["app"].state.engine.metrics.requests.labels(path, str(status)).inc()
-
-
-def _log_start_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("engine failed to start: the server stays up but /readyz answers 503 and no request is served",
-                  exc_info=task.exception())
+def engine_busy(engine: Engine) -> bool:
+    """Streams admitted and not finished (what a drain waits for)."""
+    return bool(engine.scheduler.active or engine.scheduler.waiting)
 
 
 def base_url(host: str, port: int) -> str:
@@ -76,12 +52,21 @@ async def _start_engine(engine: Engine, settings: Settings) -> None:
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
     settings = settings or Settings()
     engine = engine or Engine(settings)
+    keys = KeyRing.from_settings(settings)
+    sockets = OpenSockets()
+    drain = Drain(settings.drain_timeout_s, sockets)
+
+    def start_failed(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("engine failed to start: %s", task.exception(), exc_info=task.exception())
+            app.state.start_failed = True  # app/server.py stops the process (exit code 1)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        warn_if_open(settings, keys)
         # Load voices in the background: /healthz answers at once, /readyz once they are warm.
         loading = asyncio.create_task(_start_engine(engine, settings))
-        loading.add_done_callback(_log_start_failure)
+        loading.add_done_callback(start_failed)
         grpc_server = None
         try:
             if settings.grpc_port:  # CosyVoice's gRPC service, same loop and engine
@@ -105,6 +90,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     )
     app.state.engine = engine
     app.state.settings = settings
+    app.state.drain = drain
+    app.state.start_failed = False
     errors.install(app)
     app.include_router(ops.router)
     app.include_router(openai_speech.router)
@@ -112,12 +99,22 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.include_router(websocket_api.router)
     app.include_router(cartesia_api.router)
     app.include_router(piper_api.router)
-    app.add_middleware(RequestMetrics)
+    # Middleware, innermost first: input limits, then keys and quotas, then the drain gate, CORS (so that a 401
+    # or 429 reaches a browser page readably), WHEP's preflight headers, and outermost the request's id, access
+    # line and count (so that every answer, refusals included, has them).
+    app.add_middleware(BodyLimit, settings=settings)
+    app.add_middleware(WebSocketLimits, settings=settings, sockets=sockets)
+    app.add_middleware(AccessControl, keys=keys, settings=settings, registry=engine.metrics.registry)
+    app.add_middleware(DrainGate, drain=drain)
     app.add_middleware(
         CORSMiddleware, allow_origins=settings.cors_allow_origins, allow_methods=["*"], allow_headers=["*"],
-        expose_headers=["Location", "ETag", "Link", "X-Sample-Rate", "X-Voice", "Retry-After"],
+        expose_headers=["Location", "ETag", "Link", "X-Sample-Rate", "X-Voice", "Retry-After", "X-Request-ID"],
     )
     whep.install(app)  # WHEP routes and endpoint; after CORS, so its preflight headers wrap CORS's answer
+    app.add_middleware(RequestContext, metrics=engine.metrics)
+    drain.busy.append(lambda: engine.ready and engine_busy(engine))
+    drain.busy.append(lambda: whep.speaking(app))
+    drain.finishers.append(lambda: whep.shutdown(app, notify=True))
     if WEB_DIR.is_dir():
         # The page at "/" and its files under /web; no catch-all mount, so unknown
         # routes and wrong methods still get their 404 and 405.

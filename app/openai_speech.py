@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import uuid
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -12,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.state import engine_of
-from rtvoice.app.streaming import audio_body, sse_body
+from rtvoice.app.streaming import SpeechResponse, audio_body, sse_body
 from rtvoice.engine.audio.encoding import FORMATS, create_encoder
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.stream import SpeechStream
@@ -75,13 +74,13 @@ async def create_speech(request: Request) -> Response:
         text=speech.input,
     )
     encoder = create_encoder(speech.response_format, OPENAI_SAMPLE_RATE)
-    # OpenAI's clients surface x-request-id (LiveKit's plugin warns on every utterance without one).
-    headers = {"X-Sample-Rate": str(OPENAI_SAMPLE_RATE), "X-Voice": voice.info.id,
-               "X-Request-Id": f"req_{uuid.uuid4().hex}"}
+    # X-Request-ID, which OpenAI's clients surface (LiveKit's plugin warns without it), comes from
+    # app/request_context.py, on every response.
+    headers = {"X-Sample-Rate": str(OPENAI_SAMPLE_RATE), "X-Voice": voice.info.id}
     if speech.stream_format == "sse":
-        return StreamingResponse(sse_body(stream, encoder, _usage(speech.input)), media_type="text/event-stream",
+        return SpeechResponse(sse_body(stream, encoder, _usage(speech.input)), media_type="text/event-stream",
                                  headers={**headers, "Cache-Control": "no-cache"})
-    return StreamingResponse(audio_body(stream, encoder), media_type=encoder.content_type, headers=headers)
+    return SpeechResponse(audio_body(stream, encoder), media_type=encoder.content_type, headers=headers)
 
 
 @router.get("/v1/audio/voices")

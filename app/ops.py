@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import threading
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -19,8 +23,10 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
-    """Voices are loaded and warmed: requests will be served."""
+    """Voices are loaded and warmed: requests will be served (503 while loading, and from SIGTERM on)."""
     engine = request.app.state.engine
+    if request.app.state.drain.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
     if not engine.ready:
         return JSONResponse({"status": "loading"}, status_code=503)
     return JSONResponse({"status": "ready", "voices": engine.voices.ids()})
@@ -35,3 +41,30 @@ async def metrics(request: Request) -> Response:
 async def voices(request: Request) -> list[dict[str, object]]:
     """Every voice: id (usable as ``voice`` or ``spk_id``), language, sample rate, model."""
     return [info.__dict__ for info in engine_of(request).voice_infos()]
+
+
+@router.get("/debug/process", include_in_schema=False)
+async def process(request: Request) -> dict[str, object]:
+    """What the process holds now, for soak runs and operators: memory, descriptors, tasks, connections, streams."""
+    engine = request.app.state.engine
+    drain = request.app.state.drain
+    return {
+        "rss_bytes": resident_bytes(),
+        "open_fds": len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None,
+        "threads": threading.active_count(),
+        "loop_tasks": len(asyncio.all_tasks()),
+        "http_in_flight": drain.http_in_flight,
+        "websockets": len(drain.sockets.sockets),
+        "engine_active_streams": len(engine.scheduler.active),
+        "engine_queued_streams": len(engine.scheduler.waiting),
+        "draining": drain.draining,
+    }
+
+
+def resident_bytes() -> int | None:
+    """Resident memory now (Linux ``/proc``; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

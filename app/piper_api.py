@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.state import engine_of
-from rtvoice.app.streaming import audio_body
+from rtvoice.app.streaming import SpeechResponse, audio_body
 from rtvoice.engine.audio.encoding import WavEncoder
 from rtvoice.engine.errors import InvalidRequest
 from rtvoice.engine.models.base import SynthesisOptions, Voice
@@ -86,5 +86,5 @@ async def synthesize(request: Request) -> Response:
     options = SynthesisOptions(speed=speed_for(voice, piper.length_scale), seed=piper.seed)
     rate = voice.info.sample_rate
     stream = engine.open_stream(voice, options, rate, text=text)
-    return StreamingResponse(audio_body(stream, WavEncoder(rate)), media_type="audio/wav",
-                             headers={"X-Sample-Rate": str(rate), "X-Voice": voice.info.id})
+    return SpeechResponse(audio_body(stream, WavEncoder(rate)), media_type="audio/wav",
+                          headers={"X-Sample-Rate": str(rate), "X-Voice": voice.info.id})

@@ -31,6 +31,7 @@ from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rtvoice.app.errors import error_fields, invalid_value
+from rtvoice.app.request_context import track_stream
 from rtvoice.app.websocket_io import (CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, Gone, SocketWriter, json_of,
                                       received, serve_session)
 from rtvoice.engine.engine import Engine
@@ -310,6 +311,7 @@ class Connection:
     def _open_utterance(self) -> Utterance:
         assert self.config is not None
         stream = self.engine.open_stream(self.config.voice, self.config.options, self.config.sample_rate)
+        track_stream(stream)
         utterance = Utterance(self.next_index, stream)
         self.next_index += 1
         self.open = utterance
@@ -358,6 +360,13 @@ class Connection:
                 self._drop(self.open)
         self.queue.append(_END)
         self.queued.set()
+
+    async def shut_down(self) -> None:
+        """The server's drain ran out: stop speaking, say ``server_shutting_down``, close 1001."""
+        self._drop_all()
+        await self._stop_sender()
+        await self._send_error(InvalidRequest("the server is shutting down", code="server_shutting_down"))
+        await self._close(CLOSE_GOING_AWAY, "server shutting down")
 
     # -- bookkeeping -----------------------------------------------------------------------------------
 

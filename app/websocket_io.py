@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from fastapi import WebSocket
 from starlette.websockets import WebSocketState
 
+from rtvoice.app.limits import managed_socket
 from rtvoice.app.state import engine_of
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, InvalidRequest
@@ -94,6 +95,12 @@ class Session(Protocol):
 
     async def run(self) -> None: ...
 
+    def speaking(self) -> bool:
+        """Whether the session has speech in progress (a drain waits for it)."""
+
+    async def shut_down(self) -> None:
+        """The drain ran out: stop, say ``server_shutting_down`` in the protocol's words, close 1001."""
+
 
 async def serve_session(websocket: WebSocket, path: str, error_event: Callable[[EngineError], dict[str, Any]],
                         session: Callable[[WebSocket, Engine], Session]) -> None:
@@ -109,6 +116,10 @@ async def serve_session(websocket: WebSocket, path: str, error_event: Callable[[
         return
     engine.metrics.requests.labels(path, "101").inc()
     connection = session(websocket, engine)
+    socket = managed_socket(websocket.scope)
+    if socket is not None:  # the server's handle: a drain waits while it speaks, then lets it say goodbye
+        socket.busy = connection.speaking
+        socket.on_shutdown = connection.shut_down
     try:
         await connection.run()
     except Exception:

@@ -40,10 +40,12 @@ class Overloaded(EngineError):
 
 
 class ModelNotLoaded(EngineError):
-    """A route needs a model this server did not load (e.g. CosyVoice2 without RTVOICE_COSYVOICE_DIR)."""
+    """A route needs a model this server did not load (e.g. CosyVoice2 without RTVOICE_COSYVOICE_DIR).
 
-    status = 503
-    type = "server_error"
+    404, like OpenAI's unknown model: the condition lasts as long as the server's settings, so a client must not
+    retry (a 503 would tell it to)."""
+
+    status = 404
 
 
 class StreamFailed(EngineError):

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rtvoice.engine.errors import UnknownVoice
+from rtvoice.engine.faults import with_faults
 from rtvoice.engine.models.base import Voice, VoiceInfo
 from rtvoice.engine.models.piper.voice import ChunkPlan, PiperVoice
 from rtvoice.engine.settings import OPENAI_VOICE_NAMES, Settings
@@ -43,6 +44,10 @@ def piper_voice_paths(settings: Settings) -> list[Path]:
     return paths
 
 
+class VoiceLoadError(RuntimeError):
+    """A voice file or model directory that cannot be loaded; the message names it and why."""
+
+
 class VoiceRegistry:
     def __init__(self, voices: list[Voice], default_voice: str = "", aliases: dict[str, str] | None = None) -> None:
         if not voices:
@@ -70,14 +75,20 @@ class VoiceRegistry:
         voices: list[Voice] = []
         for path in piper_voice_paths(settings):
             started = time.perf_counter()
-            piper = PiperVoice(path, plan=plan, intra_op_threads=settings.intra_op_threads)
+            try:
+                piper = PiperVoice(path, plan=plan, intra_op_threads=settings.intra_op_threads)
+            except Exception as error:  # onnxruntime, JSON and the graph splitter each fail their own way
+                raise VoiceLoadError(f"cannot load the Piper voice {path}: {error}") from error
             voices.append(piper)
             log.info("loaded voice %s (piper, %s, %d Hz) in %.2f s from %s", piper.info.id, piper.info.language,
                      piper.info.sample_rate, time.perf_counter() - started, path)
         cosyvoice = None
         if settings.cosyvoice_dir is not None:
             started = time.perf_counter()
-            cosyvoice = load_cosyvoice(settings)
+            try:
+                cosyvoice = load_cosyvoice(settings)
+            except Exception as error:
+                raise VoiceLoadError(f"cannot load the CosyVoice2 model in {settings.cosyvoice_dir}: {error}") from error
             cosyvoice_ids = [voice.info.id for voice in cosyvoice.voices()]
             log.info("loaded CosyVoice2 from %s in %.2f s; its voices: %s", settings.cosyvoice_dir,
                      time.perf_counter() - started, ", ".join(cosyvoice_ids) or "none")
@@ -86,6 +97,7 @@ class VoiceRegistry:
                     log.warning("voice id %s is taken; skipping the CosyVoice2 voice of that name", voice.info.id)
                 else:
                     voices.append(voice)
+        voices = with_faults(voices, settings.fault_injection)  # a test hook; off unless set
         registry = cls(voices, settings.default_voice, settings.openai_voice_map)
         registry.cosyvoice = cosyvoice
         return registry

@@ -467,10 +467,13 @@ def test_bearer_token(configured: Server) -> None:
     async def main() -> None:
         pc, sdp = await offer_sdp()
         try:
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+            # RTVOICE_WHEP_TOKEN (deprecated) is an API key for the WHEP routes only.
+            for headers, code in (({}, "missing_api_key"), ({"Authorization": "Bearer wrong"}, "invalid_api_key"),
+                                  ({"Authorization": f"Basic {TOKEN}"}, "missing_api_key")):
                 denied = post_offer(configured.url, sdp, headers=headers)
-                assert_error(denied, 401, "unauthorized")
+                assert_error(denied, 401, code)
                 assert denied.headers["www-authenticate"].startswith("Bearer")
+            assert httpx.get(f"{configured.url}/voices").status_code == 200  # the other routes stay open
             created = post_offer(configured.url, sdp, headers=AUTH)
             assert created.status_code == 201
             session = f"{configured.url}{created.headers['location']}"

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from rtvoice.app.whep.cors import WhepPreflight
 from rtvoice.app.whep.endpoint import WhepEndpoint
+from rtvoice.app.whep.messages import event
 from rtvoice.app.whep.router import router
 
 __all__ = ["install", "shutdown", "router", "WhepEndpoint"]
@@ -27,7 +28,19 @@ def install(app: FastAPI) -> None:
     app.add_middleware(WhepPreflight)
 
 
-async def shutdown(app: FastAPI) -> None:
+async def shutdown(app: FastAPI, notify: bool = False) -> None:
+    """Close every session; with ``notify``, each hears a ``server_shutting_down`` error event first."""
     endpoint: WhepEndpoint | None = getattr(app.state, "whep", None)
-    if endpoint is not None:
-        await endpoint.close_all()
+    if endpoint is None:
+        return
+    if notify:
+        goodbye = event("error", code="server_shutting_down", message="the server is shutting down")
+        for resource in list(endpoint.sessions.values()):
+            resource.broadcast(goodbye)
+    await endpoint.close_all()
+
+
+def speaking(app: FastAPI) -> bool:
+    """Some session has an utterance playing or queued (a drain waits for it)."""
+    endpoint: WhepEndpoint | None = getattr(app.state, "whep", None)
+    return endpoint is not None and any(r.speaker.pending for r in endpoint.sessions.values())

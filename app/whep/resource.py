@@ -12,12 +12,13 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.rtcdatachannel import RTCDataChannel
 
-from rtvoice.engine.errors import EngineError
+from rtvoice.engine.errors import EngineError, InvalidRequest
 from rtvoice.engine.models.base import Voice
 
 from rtvoice.app.whep.ice import rtc_configuration
@@ -59,6 +60,8 @@ class WhepResource:
         self._tasks: set[asyncio.Task[None]] = set()
         self._offer: Offer | None = None
         self._closing: asyncio.Task[None] | None = None
+        self.on_close: list[Callable[[], None]] = []
+        """Run once the session is closed (the API key's stream lease)."""
 
     # -- offer / answer -----------------------------------------------------------------------------
 
@@ -154,6 +157,9 @@ class WhepResource:
         self.touch()
         request_id = None
         try:
+            limit = self.endpoint.settings.whep_max_message_bytes
+            if len(data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")) > limit:
+                raise InvalidRequest(f"the message is larger than {limit} bytes", code="message_too_large")
             message = parse_message(data)
             if isinstance(message, Cancel):
                 self.cancel()
@@ -166,6 +172,10 @@ class WhepResource:
             log.exception("session %s: message handling failed", self.id)
             self._emit(event("error", code="internal_error", message="internal error", request_id=request_id),
                        channel)
+
+    def broadcast(self, text: str) -> None:
+        """An event to every open DataChannel of the session."""
+        self._emit(text, None)
 
     def _emit(self, text: str, channel: object | None) -> None:
         targets = [channel] if channel is not None else list(self.channels)
@@ -222,4 +232,6 @@ class WhepResource:
         except Exception:
             log.exception("session %s: closing the peer connection failed", self.id)
         self.pc.remove_all_listeners()
+        for callback in self.on_close:
+            callback()
         log.info("whep session %s closed (%s)", self.id, reason)

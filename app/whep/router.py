@@ -9,12 +9,12 @@ Errors carry the project's JSON error body.
 
 from __future__ import annotations
 
-import hmac
 import json
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from rtvoice.app.access import grant_of
 from rtvoice.app.errors import engine_error_response, error_response
 from rtvoice.app.state import engine_of
 from rtvoice.app.whep.endpoint import WhepEndpoint
@@ -40,19 +40,6 @@ def _media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
-def _unauthorized(request: Request) -> Response | None:
-    """401 unless the request carries the configured bearer token (none configured: everyone passes)."""
-    token = endpoint_of(request).token
-    if not token:
-        return None
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
-        return None
-    return error_response(401, "a valid bearer token is required (Authorization: Bearer <token>)",
-                          type="authentication_error", code="unauthorized",
-                          headers={"WWW-Authenticate": 'Bearer realm="rtvoice"'})
-
-
 def _session(request: Request, session_id: str) -> WhepResource | Response:
     resource = endpoint_of(request).get(session_id)
     if resource is None:
@@ -76,7 +63,7 @@ async def endpoint_options() -> Response:
 @router.get("/whep", status_code=204, response_class=Response)
 async def endpoint_get(request: Request) -> Response:
     """WHEP resources have no representation: 204."""
-    return _unauthorized(request) or Response(status_code=204)
+    return Response(status_code=204)
 
 
 @router.post(
@@ -90,8 +77,6 @@ async def endpoint_get(request: Request) -> Response:
 )
 async def create_session(request: Request) -> Response:
     """Start playback: the player's SDP offer (recvonly audio, a DataChannel for text) in, the answer out."""
-    if (denied := _unauthorized(request)) is not None:
-        return denied
     if _media_type(request) != SDP:
         return error_response(415, f"the offer must be sent as {SDP}", code="unsupported_media_type",
                               headers={"Accept-Post": SDP})
@@ -103,6 +88,13 @@ async def create_session(request: Request) -> Response:
         resource, answer = await endpoint.create(offer, voice)
     except SdpError as error:
         return error_response(400, error.message, code=error.code, param="sdp")
+    grant = grant_of(request)
+    if grant is not None:  # the offer's stream lease becomes the session's: its key's quota counts it until it ends
+        lease = grant.keep_lease()
+        if resource.closed:
+            lease.release()
+        else:
+            resource.on_close.append(lease.release)
     response = Response(answer, status_code=201, media_type=SDP,
                         headers={"Location": _location(request, resource), "ETag": resource.etag})
     for link in endpoint.link_headers:
@@ -121,8 +113,6 @@ async def session_options(session_id: str) -> Response:
 @router.get("/whep/{session_id}", status_code=204, response_class=Response)
 async def session_get(request: Request, session_id: str) -> Response:
     """WHEP resources have no representation: 204 while the session lives, 404 after."""
-    if (denied := _unauthorized(request)) is not None:
-        return denied
     found = _session(request, session_id)
     return found if isinstance(found, Response) else Response(status_code=204)
 
@@ -135,8 +125,6 @@ async def session_get(request: Request, session_id: str) -> Response:
 )
 async def patch_session(request: Request, session_id: str) -> Response:
     """Trickle ICE: add the player's candidates. New ICE credentials (an ICE restart) get 422."""
-    if (denied := _unauthorized(request)) is not None:
-        return denied
     found = _session(request, session_id)
     if isinstance(found, Response):
         return found
@@ -157,8 +145,6 @@ async def patch_session(request: Request, session_id: str) -> Response:
 @router.delete("/whep/{session_id}", status_code=200, response_class=Response)
 async def delete_session(request: Request, session_id: str) -> Response:
     """End the session: peer connection closed, speech cancelled, everything freed before the answer."""
-    if (denied := _unauthorized(request)) is not None:
-        return denied
     found = _session(request, session_id)
     if isinstance(found, Response):
         return found
@@ -179,8 +165,6 @@ async def delete_session(request: Request, session_id: str) -> Response:
 )
 async def speak(request: Request, session_id: str) -> Response:
     """Speak ``text`` on the session's audio track, after what it is already saying; 202 with the request id."""
-    if (denied := _unauthorized(request)) is not None:
-        return denied
     found = _session(request, session_id)
     if isinstance(found, Response):
         return found
@@ -199,8 +183,6 @@ async def speak(request: Request, session_id: str) -> Response:
 @router.delete("/whep/{session_id}/speak", status_code=200)
 async def cancel_speech(request: Request, session_id: str) -> Response:
     """Barge-in: stop what the session is saying and drop what it has queued."""
-    if (denied := _unauthorized(request)) is not None:
-        return denied
     found = _session(request, session_id)
     if isinstance(found, Response):
         return found
@@ -211,6 +193,4 @@ async def cancel_speech(request: Request, session_id: str) -> Response:
 @router.get("/debug/whep", include_in_schema=False)
 async def debug(request: Request) -> Response:
     """Leak accounting for tests and operators: sessions, peer connections and tasks WHEP holds."""
-    if (denied := _unauthorized(request)) is not None:
-        return denied
     return JSONResponse(endpoint_of(request).debug())

@@ -7,8 +7,6 @@ from dataclasses import dataclass, field
 from aiortc import RTCIceCandidate
 from aiortc.sdp import SessionDescription, candidate_from_sdp
 
-MAX_SDP_BYTES = 64 * 1024
-
 
 class SdpError(ValueError):
     """An offer or fragment the server cannot use; ``code`` names the problem."""
@@ -32,8 +30,7 @@ class Offer:
 
 
 def _text(body: bytes) -> str:
-    if len(body) > MAX_SDP_BYTES:
-        raise SdpError(f"the SDP is larger than {MAX_SDP_BYTES} bytes", code="sdp_too_large")
+    # Its size is bounded before it is read: RTVOICE_WHEP_MAX_SDP_BYTES, RTVOICE_WHEP_MAX_TRICKLE_BYTES.
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError as error:

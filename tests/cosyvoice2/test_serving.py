@@ -251,13 +251,13 @@ def test_speed_other_than_one_is_refused(cv_server: Server) -> None:
 
 
 def test_without_a_cosyvoice_model(server: Server) -> None:
-    """The default server has no CosyVoice2 model: a clear 503, never a 500."""
+    """The default server has no CosyVoice2 model: a clear 404 (permanent: no retry), never a 5xx."""
     for route, fields in (("/inference_zero_shot", {"tts_text": "Hi.", "prompt_text": "Hello."}),
                           ("/inference_cross_lingual", {"tts_text": "Hi."}),
                           ("/inference_instruct2", {"tts_text": "Hi.", "instruct_text": "Softly."}),
                           ("/v1/voices", {"voice_id": "dave", "prompt_text": "Hello."})):
         response = post(server, route, fields)
-        assert response.status_code == 503, (route, response.text)
+        assert response.status_code == 404 and "retry-after" not in response.headers, (route, response.text)
         error = response.json()["error"]
         assert error["code"] == "model_not_loaded" and "RTVOICE_COSYVOICE_DIR" in error["message"]
 

@@ -27,6 +27,23 @@ VOICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 """Ids are file names too: letters, digits, '_', '.', '-', at most 64, not starting with a symbol."""
 
 
+TEMP_SUFFIX = ".tmp"
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (POSIX; a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def valid_voice_id(voice_id: str) -> bool:
     return bool(VOICE_ID.match(voice_id)) and not voice_id.endswith(".")
 
@@ -67,14 +84,19 @@ class VoiceStore:
         }
         target = self.path(voice.voice_id)
         self.directory.mkdir(parents=True, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(prefix=f".{voice.voice_id}.", suffix=".tmp", dir=self.directory)
+        # Written to a temporary file, flushed to the disk, then renamed over the target and the rename itself
+        # flushed: a crash or a full disk leaves either no voice or the whole voice, never part of one.
+        handle, tmp = tempfile.mkstemp(prefix=f".{voice.voice_id}.", suffix=TEMP_SUFFIX, dir=self.directory)
         try:
             with os.fdopen(handle, "wb") as f:
                 torch.save(record, f)
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        _fsync_directory(self.directory)
         return target
 
     def load(self, path: Path) -> SavedVoice:
@@ -96,6 +118,9 @@ class VoiceStore:
     def load_all(self) -> list[SavedVoice]:
         if not self.directory.is_dir():
             return []
+        for partial in self.directory.glob(f".*{TEMP_SUFFIX}"):  # left by a save that crashed: never a voice
+            log.warning("removing %s, a voice file a crashed save left unfinished", partial)
+            partial.unlink(missing_ok=True)
         voices = []
         for path in sorted(self.directory.glob("*.pt")):
             try:
@@ -103,8 +128,9 @@ class VoiceStore:
                 if saved.voice_id != path.stem:
                     raise ValueError(f"holds voice {saved.voice_id!r}, not {path.stem!r}")
                 voices.append(saved)
-            except Exception as error:  # one bad file must not stop the server
-                log.warning("skipping voice file %s: %s", path, error)
+            except Exception as error:  # one bad file must not stop the server, nor the other voices
+                log.error("skipping the registered voice file %s: it cannot be read (%s); delete or replace it",
+                          path, error)
         return voices
 
     def exists(self, voice_id: str) -> bool:

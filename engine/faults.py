@@ -1,0 +1,121 @@
+"""A test hook: make one kind of model call raise for streams whose text carries a marker.
+
+``RTVOICE_FAULT_INJECTION=decode:FAIL-DECODE`` wraps each voice the server loads so that a ``decode`` call
+raises when one of the streams in it was given text containing ``FAIL-DECODE``. Everything else is the real
+voice: the real sessions plan the steps, the real model runs every other call. Tests use it to show that a
+model call that raises fails its own streams and nothing else. Off (empty) by default; never for production.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rtvoice.engine.models.base import Step, SynthesisOptions, Voice, VoiceSession
+
+log = logging.getLogger(__name__)
+
+
+class InjectedFault(RuntimeError):
+    """The failure the hook raises in place of a model call."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    """The step kind whose call fails (``encode``, ``flow``, ``decode``; ``lm``, ``token2wav``)."""
+    marker: str
+    """Text that marks a stream for failure."""
+
+
+def parse_faults(text: str) -> list[Fault]:
+    """``kind:marker`` pairs, comma-separated; ValueError for anything else."""
+    faults = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        kind, separator, marker = item.partition(":")
+        if not separator or not kind.strip() or not marker.strip():
+            raise ValueError(f"RTVOICE_FAULT_INJECTION: {item!r} is not kind:marker")
+        faults.append(Fault(kind.strip(), marker.strip()))
+    return faults
+
+
+@dataclass(frozen=True)
+class _Marked:
+    """A step payload of a marked stream: the call it joins raises."""
+
+    payload: Any
+
+
+class FaultySession(VoiceSession):
+    """The voice's own session; steps of the failing kind carry a mark once the stream's text has the marker."""
+
+    def __init__(self, inner: VoiceSession, faults: list[Fault]) -> None:
+        self.inner = inner
+        self.faults = faults
+        self.failing_kinds: set[str] = set()
+
+    @property
+    def segments_done(self) -> int:  # type: ignore[override]
+        return self.inner.segments_done
+
+    @property
+    def idle(self) -> bool:
+        return self.inner.idle
+
+    def add_segment(self, text: str) -> None:
+        self.failing_kinds |= {fault.kind for fault in self.faults if fault.marker in text}
+        self.inner.add_segment(text)
+
+    def next_step(self) -> Step | None:
+        step = self.inner.next_step()
+        if step is None:
+            return None
+        payload = _Marked(step.payload) if step.kind in self.failing_kinds else step.payload
+        return Step(step.kind, step.batch_key, payload, self)
+
+    def complete(self, step: Step, result: Any) -> np.ndarray | None:
+        payload = step.payload.payload if isinstance(step.payload, _Marked) else step.payload
+        return self.inner.complete(Step(step.kind, step.batch_key, payload, self.inner), result)
+
+
+class FaultyVoice(Voice):
+    """A voice whose calls raise ``InjectedFault`` when a marked step is among their payloads."""
+
+    def __init__(self, inner: Voice, faults: list[Fault]) -> None:
+        self.inner = inner
+        self.faults = faults
+        self.info = inner.info
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else a transport reads from a voice (``source``, ``features``) is the real voice's.
+        return getattr(self.inner, name)
+
+    def open_session(self, options: SynthesisOptions) -> VoiceSession:
+        return FaultySession(self.inner.open_session(options), self.faults)
+
+    def run(self, kind: str, payloads: list[Any]) -> list[Any]:
+        if any(isinstance(payload, _Marked) for payload in payloads):
+            raise InjectedFault(f"injected fault: a {kind} call with a marked stream (RTVOICE_FAULT_INJECTION)")
+        return self.inner.run(kind, payloads)
+
+    def max_batch(self, kind: str) -> int:
+        return self.inner.max_batch(kind)
+
+    def validate(self, options: SynthesisOptions) -> None:
+        self.inner.validate(options)
+
+    def warmup(self) -> None:
+        self.inner.warmup()
+
+
+def with_faults(voices: list[Voice], text: str) -> list[Voice]:
+    """The voices wrapped by the hook when ``text`` (RTVOICE_FAULT_INJECTION) names faults; else as they are."""
+    faults = parse_faults(text)
+    if not faults:
+        return voices
+    log.warning("RTVOICE_FAULT_INJECTION is set (a test hook): calls fail for %s",
+                ", ".join(f"{f.kind} steps of text with {f.marker!r}" for f in faults))
+    return [FaultyVoice(voice, faults) for voice in voices]
