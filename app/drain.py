@@ -57,7 +57,7 @@ class Drain:
                      self.timeout_s)
 
     def idle(self) -> bool:
-        return self.http_in_flight == 0 and not any(check() for check in self.busy)
+        return self.http_in_flight == 0 and not self.sockets.busy() and not any(check() for check in self.busy)
 
     async def run(self) -> None:
         """Wait for the streams in progress (up to the timeout), then close WebSockets and WHEP sessions."""

@@ -134,7 +134,9 @@ class ManagedSocket:
     """One WebSocket the server may close on its own: when idle past ``timeout_s``, or at shutdown.
 
     The route keeps reading and writing as usual; when the server closes the socket, the route's next receive
-    answers ``websocket.disconnect``. A route may set ``on_shutdown`` to say goodbye in its own protocol first.
+    answers ``websocket.disconnect``. A route may set ``on_shutdown`` to say goodbye in its own protocol first,
+    and ``busy`` to say when it has a stream in progress (a drain waits for it; without it, only the engine's
+    streams are waited for).
     """
 
     def __init__(self, idle_timeout_s: float) -> None:
@@ -142,6 +144,8 @@ class ManagedSocket:
         self.last_activity = time.monotonic()
         self.closed = False
         self.on_shutdown: Callable[[], Awaitable[None]] | None = None
+        self.busy: Callable[[], bool] = lambda: False
+        """Set by the route: whether the socket has a stream in progress (a drain waits for it)."""
         self._closing = asyncio.Event()
         self._send: Send | None = None
 
@@ -206,6 +210,9 @@ class OpenSockets:
 
     def __init__(self) -> None:
         self.sockets: set[ManagedSocket] = set()
+
+    def busy(self) -> bool:
+        return any(socket.busy() for socket in list(self.sockets))
 
     async def shut_down_all(self) -> None:
         await asyncio.gather(*(socket.shut_down() for socket in list(self.sockets)), return_exceptions=True)

@@ -361,6 +361,10 @@ class Connection:
         self.queue.append(_END)
         self.queued.set()
 
+    def speaking(self) -> bool:
+        """An utterance is being spoken, queued, or taking text."""
+        return bool(self._live()) or self.open is not None
+
     async def shut_down(self) -> None:
         """The server's drain ran out: stop speaking, say ``server_shutting_down``, close 1001."""
         self._drop_all()
