@@ -1,7 +1,7 @@
 """A test hook: make one kind of model call raise for streams whose text carries a marker.
 
 ``RTVOICE_FAULT_INJECTION=decode:FAIL-DECODE`` wraps each voice the server loads so that a ``decode`` call
-raises when one of the streams in it was given text containing ``FAIL-DECODE``. Everything else is the real
+raises when a stream in it is working on a segment (a sentence or clause) containing ``FAIL-DECODE``. Everything else is the real
 voice: the real sessions plan the steps, the real model runs every other call. Tests use it to show that a
 model call that raises fails its own streams and nothing else. Off (empty) by default; never for production.
 """
@@ -50,12 +50,13 @@ class _Marked:
 
 
 class FaultySession(VoiceSession):
-    """The voice's own session; steps of the failing kind carry a mark once the stream's text has the marker."""
+    """The voice's own session; its steps of the failing kind carry a mark while the segment they work on (the
+    first one not done: segments finish in order) has the marker, so the audio before it is real."""
 
     def __init__(self, inner: VoiceSession, faults: list[Fault]) -> None:
         self.inner = inner
         self.faults = faults
-        self.failing_kinds: set[str] = set()
+        self.segment_texts: list[str] = []
 
     @property
     def segments_done(self) -> int:  # type: ignore[override]
@@ -66,14 +67,19 @@ class FaultySession(VoiceSession):
         return self.inner.idle
 
     def add_segment(self, text: str) -> None:
-        self.failing_kinds |= {fault.kind for fault in self.faults if fault.marker in text}
+        self.segment_texts.append(text)
         self.inner.add_segment(text)
+
+    def _fails(self, kind: str) -> bool:
+        index = self.inner.segments_done
+        text = self.segment_texts[index] if index < len(self.segment_texts) else ""
+        return any(fault.kind == kind and fault.marker in text for fault in self.faults)
 
     def next_step(self) -> Step | None:
         step = self.inner.next_step()
         if step is None:
             return None
-        payload = _Marked(step.payload) if step.kind in self.failing_kinds else step.payload
+        payload = _Marked(step.payload) if self._fails(step.kind) else step.payload
         return Step(step.kind, step.batch_key, payload, self)
 
     def complete(self, step: Step, result: Any) -> np.ndarray | None:

@@ -144,8 +144,8 @@ class Settings(BaseSettings):
     # --- Test hook (engine/faults.py) ----------------------------------------------------------------
     fault_injection: str = ""
     """TEST HOOK, off when empty; never set it in production. ``kind:marker`` pairs, comma-separated: a model call
-    of step ``kind`` (e.g. ``decode``, ``encode``, ``lm``) raises when a stream in it has text containing
-    ``marker``."""
+    of step ``kind`` (e.g. ``decode``, ``encode``, ``lm``) raises when a stream in it is working on a sentence
+    containing ``marker``."""
 
     # --- gRPC (CosyVoice's service; app/cosyvoice_grpc) --------------------------------------------
     grpc_port: int | None = Field(None, ge=1, le=65535)

@@ -8,6 +8,7 @@ never the model directory (which may be read-only and is shared between deployme
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -86,10 +87,12 @@ class VoiceStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         # Written to a temporary file, flushed to the disk, then renamed over the target and the rename itself
         # flushed: a crash or a full disk leaves either no voice or the whole voice, never part of one.
+        data = io.BytesIO()
+        torch.save(record, data)  # in memory first, so a failing disk raises OSError (torch.save says RuntimeError)
         handle, tmp = tempfile.mkstemp(prefix=f".{voice.voice_id}.", suffix=TEMP_SUFFIX, dir=self.directory)
         try:
             with os.fdopen(handle, "wb") as f:
-                torch.save(record, f)
+                f.write(data.getbuffer())
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, target)
