@@ -19,6 +19,7 @@ Past either, 429 with ``Retry-After``. Without keys there are no quotas (capacit
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 import math
 import time
@@ -228,63 +229,81 @@ class AccessMetrics:
                               registry=registry)
 
 
-class AccessControl:
-    """401 without a valid key where one is needed; 429 past the key's quotas; the key's name on the record."""
+class Access:
+    """The keys, each key's quotas and their metrics: one per application, shared by every transport (the ASGI
+    middleware below and the gRPC service's interceptor), so a key's quotas hold across all of them."""
 
-    def __init__(self, app: ASGIApp, keys: KeyRing, settings: Settings, registry: CollectorRegistry,
+    def __init__(self, keys: KeyRing, settings: Settings, registry: CollectorRegistry,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.app = app
         self.keys = keys
         self.metrics = AccessMetrics(registry)
         self.rate = RequestRate(settings.key_requests_per_minute, clock)
         self.streams = StreamCount(settings.key_max_streams, self.metrics.streams)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or not self.keys.required(scope["path"],
-                                                                               scope.get("method", "GET")):
-            await self.app(scope, receive, send)
-            return
-        connection = HTTPConnection(scope)
-        presented = presented_key(connection)
-        key = self.keys.match(presented, scope["path"]) if presented else None
+    def admit(self, presented: str | None, path: str, websocket: bool = False) -> Grant:
+        """The key ``presented`` and a stream lease; Unauthorized or QuotaExceeded otherwise."""
+        key = self.keys.match(presented, path) if presented else None
         if key is None:
             self.metrics.denied.labels("missing" if presented is None else "invalid").inc()
-            error = Unauthorized(
-                "an API key is required: send it as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'"
-                + (" (or ?api_key=<key> on a WebSocket)" if scope["type"] == "websocket" else "")
-                if presented is None else "the API key is not valid",
-                code="missing_api_key" if presented is None else "invalid_api_key")
-            await asgi_error(scope, send, error, {"WWW-Authenticate": 'Bearer realm="rtvoice"'})
-            return
-        record: RequestRecord | None = scope.get("state", {}).get("request")
-        if record is not None:
-            record.key_name = key.name
+            if presented is not None:
+                raise Unauthorized("the API key is not valid", code="invalid_api_key")
+            raise Unauthorized("an API key is required: send it as 'Authorization: Bearer <key>' or 'X-API-Key: "
+                               "<key>'" + (" (or ?api_key=<key> on a WebSocket)" if websocket else ""),
+                               code="missing_api_key")
         self.metrics.requests.labels(key.name).inc()
         wait_s = self.rate.take(key.name)
         if wait_s is not None:
             self.metrics.rejected.labels(key.name, "requests_per_minute").inc()
-            await asgi_error(scope, send, QuotaExceeded(
-                f"key {key.name!r} is over its {self.rate.per_minute} requests per minute", math.ceil(wait_s)))
-            return
+            raise QuotaExceeded(f"key {key.name!r} is over its {self.rate.per_minute} requests per minute",
+                                math.ceil(wait_s))
         lease = self.streams.take(key.name)
         if lease is None:
             self.metrics.rejected.labels(key.name, "streams").inc()
-            await asgi_error(scope, send, QuotaExceeded(
-                f"key {key.name!r} already has {self.streams.limit} streams open (requests, WebSockets, WHEP "
-                "sessions); retry when one ends", 1))
+            raise QuotaExceeded(f"key {key.name!r} already has {self.streams.limit} streams open (requests, "
+                                "WebSockets, WHEP sessions); retry when one ends", 1)
+        return Grant(key, lease)
+
+
+class AccessControl:
+    """401 without a valid key where one is needed; 429 past the key's quotas; the key's name on the record."""
+
+    def __init__(self, app: ASGIApp, access: Access) -> None:
+        self.app = app
+        self.access = access
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or not self.access.keys.required(
+                scope["path"], scope.get("method", "GET")):
+            await self.app(scope, receive, send)
             return
-        grant = Grant(key, lease)
+        try:
+            grant = self.access.admit(presented_key(HTTPConnection(scope)), scope["path"],
+                                      websocket=scope["type"] == "websocket")
+        except EngineError as error:
+            headers = {"WWW-Authenticate": 'Bearer realm="rtvoice"'} if error.status == 401 else None
+            await asgi_error(scope, send, error, headers)
+            return
+        record: RequestRecord | None = scope.get("state", {}).get("request")
+        if record is not None:
+            record.key_name = grant.key.name
         scope.setdefault("state", {})["grant"] = grant
         try:
             await self.app(scope, receive, send)
         finally:
             if not grant.kept:
-                lease.release()
+                grant.lease.release()
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def warn_if_open(settings: Settings, keys: KeyRing) -> None:
     """Start-up warning: no keys and a listening address beyond loopback."""
-    if not keys.general and settings.host not in ("127.0.0.1", "localhost", "::1"):
+    if not keys.general and not is_loopback(settings.host):
         log.warning("RTVOICE_API_KEYS is empty and the server listens on %s: anyone who reaches the port can "
                     "synthesise and register or delete voices; set RTVOICE_API_KEYS", settings.host)
     if keys.whep:

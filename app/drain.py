@@ -44,7 +44,7 @@ class Drain:
         self.timeout_s = timeout_s
         self.sockets = sockets
         self.draining = False
-        self.http_in_flight = 0
+        self.requests_in_flight = 0
         self.busy: list[Callable[[], bool]] = []
         """Each says whether some transport still has a stream in progress (engine streams, WHEP speakers)."""
         self.finishers: list[Callable[[], Awaitable[None]]] = []
@@ -57,7 +57,7 @@ class Drain:
                      self.timeout_s)
 
     def idle(self) -> bool:
-        return self.http_in_flight == 0 and not self.sockets.busy() and not any(check() for check in self.busy)
+        return self.requests_in_flight == 0 and not self.sockets.busy() and not any(check() for check in self.busy)
 
     async def run(self) -> None:
         """Wait for the streams in progress (up to the timeout), then close WebSockets and WHEP sessions."""
@@ -95,8 +95,8 @@ class DrainGate:
         if scope["type"] == "websocket":
             await self.app(scope, receive, send)  # sockets are closed at the drain's end, not waited for
             return
-        self.drain.http_in_flight += 1
+        self.drain.requests_in_flight += 1
         try:
             await self.app(scope, receive, send)
         finally:
-            self.drain.http_in_flight -= 1
+            self.drain.requests_in_flight -= 1

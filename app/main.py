@@ -17,7 +17,7 @@ from fastapi_offline import FastAPIOffline
 from rtvoice.app import (cartesia_api, cosyvoice_api, cosyvoice_grpc, errors, openai_speech, ops, piper_api,
                          websocket_api)
 from rtvoice.app import whep
-from rtvoice.app.access import AccessControl, KeyRing, warn_if_open
+from rtvoice.app.access import Access, AccessControl, KeyRing, warn_if_open
 from rtvoice.app.drain import Drain, DrainGate
 from rtvoice.app.limits import BodyLimit, OpenSockets, WebSocketLimits
 from rtvoice.app.request_context import RequestContext
@@ -53,6 +53,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     settings = settings or Settings()
     engine = engine or Engine(settings)
     keys = KeyRing.from_settings(settings)
+    access = Access(keys, settings, engine.metrics.registry)
     sockets = OpenSockets()
     drain = Drain(settings.drain_timeout_s, sockets)
 
@@ -70,7 +71,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         grpc_server = None
         try:
             if settings.grpc_port:  # CosyVoice's gRPC service, same loop and engine
-                grpc_server = await cosyvoice_grpc.serve(engine, settings.host, settings.grpc_port)
+                grpc_server = await cosyvoice_grpc.serve(engine, settings.host, settings.grpc_port, access, drain)
             yield
         finally:
             if grpc_server is not None:
@@ -104,7 +105,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     # line and count (so that every answer, refusals included, has them).
     app.add_middleware(BodyLimit, settings=settings)
     app.add_middleware(WebSocketLimits, settings=settings, sockets=sockets)
-    app.add_middleware(AccessControl, keys=keys, settings=settings, registry=engine.metrics.registry)
+    app.add_middleware(AccessControl, access=access)
     app.add_middleware(DrainGate, drain=drain)
     app.add_middleware(
         CORSMiddleware, allow_origins=settings.cors_allow_origins, allow_methods=["*"], allow_headers=["*"],

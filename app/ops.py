@@ -53,7 +53,7 @@ async def process(request: Request) -> dict[str, object]:
         "open_fds": len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None,
         "threads": threading.active_count(),
         "loop_tasks": len(asyncio.all_tasks()),
-        "http_in_flight": drain.http_in_flight,
+        "requests_in_flight": drain.requests_in_flight,
         "websockets": len(drain.sockets.sockets),
         "engine_active_streams": len(engine.scheduler.active),
         "engine_queued_streams": len(engine.scheduler.waiting),

@@ -75,11 +75,12 @@ def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
     """The client's id when it is well formed, else a new one."""
     for name, value in headers:
         if name == b"x-request-id":
-            given = value.decode("latin-1")
-            if VALID_ID.fullmatch(given):
-                return given
-            break
-    return f"req_{uuid.uuid4().hex}"
+            return valid_or_new_id(value.decode("latin-1"))
+    return valid_or_new_id(None)
+
+
+def valid_or_new_id(given: str | None) -> str:
+    return given if given is not None and VALID_ID.fullmatch(given) else f"req_{uuid.uuid4().hex}"
 
 
 def redacted_query(query_string: bytes) -> str:
@@ -148,7 +149,19 @@ class RequestContext:
         else:
             line = (f"{scope['method']} {scope['path']}{redacted_query(scope.get('query_string', b''))} "
                     f"HTTP/{scope.get('http_version', '1.1')}")
-        ttfa = record.ttfa_ms()
-        access_log.info('%s "%s" %d route=%s key=%s ttfa_ms=%s audio_s=%s request_id=%s', where, line, status,
-                        route or "-", record.key_name or "-", "-" if ttfa is None else ttfa, record.audio_s(),
-                        record.request_id)
+        log_access(where, line, status, route, record)
+
+
+def log_access(client: str, line: str, status: int | str, route: str | None, record: RequestRecord) -> None:
+    """The one access line: client, request, status, route, key name, time to first audio, audio seconds, id."""
+    ttfa = record.ttfa_ms()
+    access_log.info('%s "%s" %s route=%s key=%s ttfa_ms=%s audio_s=%s request_id=%s', client, line, status,
+                    route or "-", record.key_name or "-", "-" if ttfa is None else ttfa, record.audio_s(),
+                    record.request_id)
+
+
+def begin(request_id: str) -> RequestRecord:
+    """A record for a request that did not come through the ASGI middleware (gRPC), current from now on."""
+    record = RequestRecord(request_id)
+    _current.set(record)
+    return record

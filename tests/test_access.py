@@ -225,3 +225,44 @@ def test_request_ids_and_the_access_line(keyed: tuple[Server, Path]) -> None:
     assert asyncio.run(connect()) == "ws-7"
     assert wait_for(lambda: "rtvoice.access" in line_for("ws-7"))
     assert '"WebSocket /v1/tts/stream?api_key=***&x=1" 101 route=/v1/tts/stream key=alice' in line_for("ws-7")
+
+
+def test_grpc_calls_take_the_same_keys_quotas_and_request_ids(start_server: Callable[..., Server],
+                                                               cosyvoice_stubs: object) -> None:
+    """CosyVoice's gRPC service: the key in metadata (``authorization`` or ``x-api-key``), UNAUTHENTICATED
+    without it, RESOURCE_EXHAUSTED past the key's quota shared with HTTP, and the request id back."""
+    grpc = pytest.importorskip("grpc")
+    from bench.servers import free_port
+
+    port = free_port()
+    server = start_server(api_keys=f"dave:{ALICE}", key_max_streams="1", grpc_port=str(port))
+    messages, services = cosyvoice_stubs  # type: ignore[misc]
+    request = messages.Request()
+    request.sft_request.CopyFrom(messages.sftRequest(tts_text="Keys over gRPC.", spk_id=""))
+
+    def call(metadata: tuple[tuple[str, str], ...]) -> tuple[bytes, dict[str, str]]:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            responses = services.CosyVoiceStub(channel).Inference(request, metadata=metadata)
+            audio = b"".join(response.tts_audio for response in responses)
+            return audio, dict(responses.initial_metadata())
+
+    for metadata in ((), (("authorization", "Bearer sk-wrong"),)):
+        with pytest.raises(grpc.RpcError) as refused:
+            call(metadata)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    audio, initial = call((("x-api-key", ALICE), ("x-request-id", "grpc-1")))
+    assert len(audio) > 22050 and initial["x-request-id"] == "grpc-1"
+    audio, _ = call((("authorization", f"Bearer {ALICE}"),))
+    assert len(audio) > 22050
+
+    async def while_a_socket_holds_the_stream() -> None:
+        url = server.url.replace("http", "ws") + f"/v1/tts/stream?api_key={ALICE}"
+        async with websockets.connect(url) as ws:
+            await ws.send(json.dumps({"type": "start"}))
+            await ws.recv()
+            with pytest.raises(grpc.RpcError) as refused:
+                await asyncio.to_thread(call, (("x-api-key", ALICE),))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert dict(refused.value.trailing_metadata())["retry-after"] == "1"
+
+    asyncio.run(while_a_socket_holds_the_stream())

@@ -12,7 +12,7 @@ stream, as the HTTP routes do, so it shares the one scheduler with every other t
 Answers stream as raw int16 little-endian mono PCM at the voice's own rate (22.05 kHz for the embedded Piper
 voice, 24 kHz for CosyVoice2), one ``Response`` per chunk. Errors end the call with a status:
 INVALID_ARGUMENT (bad text, prompt or instruction), NOT_FOUND (no such voice), RESOURCE_EXHAUSTED (over
-capacity), FAILED_PRECONDITION (no CosyVoice2 model, or no prompt front end, on this server), UNAVAILABLE
+capacity, or over the API key's quota), UNAUTHENTICATED (a missing or wrong key), FAILED_PRECONDITION (no CosyVoice2 model, or no prompt front end, on this server), UNAVAILABLE
 (still loading), INTERNAL (synthesis failed). A client that cancels or disconnects frees its stream at once.
 """
 
@@ -25,7 +25,10 @@ from typing import Any
 import grpc
 
 from rtvoice.app.cosyvoice_api import cloning_service, prompt_voice, resolve_speaker, takes_instructions
+from rtvoice.app.access import Access
 from rtvoice.app.cosyvoice_grpc import cosyvoice_pb2, cosyvoice_pb2_grpc
+from rtvoice.app.drain import Drain
+from rtvoice.app.request_context import track_stream
 from rtvoice.app.state import NotReady
 from rtvoice.engine.audio.encoding import wav_header
 from rtvoice.engine.engine import Engine
@@ -40,8 +43,10 @@ PROMPT_RATE = 16_000
 
 
 def status_of(error: EngineError) -> grpc.StatusCode:
-    if isinstance(error, Overloaded):
+    if isinstance(error, Overloaded) or error.status == 429:  # capacity, or a key's quota
         return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if error.status == 401:
+        return grpc.StatusCode.UNAUTHENTICATED
     if isinstance(error, ModelNotLoaded):
         return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(error, UnknownVoice):
@@ -70,6 +75,7 @@ class CosyVoiceService(cosyvoice_pb2_grpc.CosyVoiceServicer):
         try:
             voice, options, text = await self._synthesis(request)
             stream = engine.open_stream(voice, options, text=text)
+            track_stream(stream)
         except EngineError as error:
             await self._abort(context, error)
             return
@@ -132,9 +138,13 @@ class CosyVoiceService(cosyvoice_pb2_grpc.CosyVoiceServicer):
                              "cross_lingual_request, instruct_request", code="missing_payload", param="RequestPayload")
 
 
-async def start(engine: Engine, host: str, port: int) -> grpc.aio.Server:
+async def start(engine: Engine, host: str, port: int, access: Access | None = None,
+                drain: Drain | None = None) -> grpc.aio.Server:
     """Start the service on ``host:port`` in the running event loop; the caller stops it."""
-    server = grpc.aio.server()
+    from rtvoice.app.cosyvoice_grpc.guard import Guard
+
+    interceptors = [Guard(access, drain)] if access is not None and drain is not None else []
+    server = grpc.aio.server(interceptors=interceptors)
     cosyvoice_pb2_grpc.add_CosyVoiceServicer_to_server(CosyVoiceService(engine), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
