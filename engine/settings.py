@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     whep_idle_timeout_s: float = 30.0
     """A session not connected and without text (DataChannel, /speak) or PATCH for this long is closed."""
     whep_token: str = ""
-    """Bearer token required on every WHEP request (``Authorization: Bearer ...``); empty means none."""
+    """DEPRECATED (use ``api_keys``): a key, named ``whep-token``, valid on the WHEP routes only; empty means none."""
     whep_max_pending_requests: int = 8
     """Utterances one session may have playing or queued; past this a request is refused (queue_full)."""
 

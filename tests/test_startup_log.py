@@ -45,6 +45,7 @@ def test_startup_log(tmp_path: Path) -> None:
     (voices_dir / "half.onnx").write_bytes(b"")  # no half.onnx.json beside it: skipped, with a warning
     lines, url = start_and_read_log(tmp_path, RTVOICE_VOICES_DIR=str(voices_dir))
     assert lines and all(LINE.match(line) for line in lines), "\n".join(lines)
+    assert not any("uvicorn.access" in line for line in lines), "one access log: rtvoice's"
     skipped = find(lines, r" WARNING +rtvoice\.engine\.voices: skipping .*half\.onnx: no half\.onnx\.json")
     loaded = find(lines, r" INFO +rtvoice\.engine\.voices: loaded voice en_US-joe-medium \(piper, en_US, 22050 Hz\) "
                          r"in \d+\.\d\d s")
@@ -54,6 +55,7 @@ def test_startup_log(tmp_path: Path) -> None:
                         rf"{re.escape(url)}/docs; default voice en_US-joe-medium")
     assert skipped < loaded < warmed < ready
     find(lines, rf" INFO +uvicorn: Uvicorn running on {re.escape(url)}")
-    find(lines, r' INFO +uvicorn\.access: 127\.0\.0\.1:\d+ "GET /voices HTTP/1\.1" 200')
+    find(lines, r' INFO +rtvoice\.access: 127\.0\.0\.1:\d+ "GET /voices HTTP/1\.1" 200 route=/voices key=- '
+                r'ttfa_ms=- audio_s=0 request_id=req_[0-9a-f]{32}$')
     assert not any("GET /readyz" in line for line in lines), "probe requests stay out of the access log"
 

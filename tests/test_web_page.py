@@ -63,6 +63,27 @@ def test_http_speaks(page) -> None:  # type: ignore[no-untyped-def]
     print(f"browser HTTP text -> first audio: {stats['ttfaMs']} ms")
 
 
+def test_a_keyed_server_asks_for_the_key_and_every_transport_sends_it(browser, start_server) -> None:  # type: ignore[no-untyped-def]
+    keyed = start_server(api_keys="page:sk-page-0123456789")
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(keyed.url + "/")
+        page.wait_for_selector("#api-key", state="visible", timeout=10_000)
+        assert "API key" in page.inner_text("#state")
+        assert page.eval_on_selector_all("#voice option", "options => options.length") == 0
+        page.fill("#api-key", "sk-page-0123456789")
+        page.dispatch_event("#api-key", "change")
+        page.wait_for_function("document.querySelectorAll('#voice option').length > 0", timeout=10_000)
+        for transport in ("http", "websocket", "webrtc"):
+            page.evaluate("window.rtvoice.maxLevel = 0")
+            stats = speak(page, transport)
+            assert stats["errors"] == [], (transport, stats["errors"])
+    finally:
+        context.close()
+    assert keyed.metric("rtvoice_key_requests_total", {"key": "page"}) >= 4  # voices, HTTP, WebSocket, WHEP
+
+
 @pytest.fixture
 def offline_context(chromium):  # type: ignore[no-untyped-def]
     """A browser context cut off from everything but loopback; the requests it refused are kept."""

@@ -27,6 +27,32 @@ function audio() {
 
 function setState(text) { $("state").textContent = text; }
 
+// ---- API key: asked for when the server answers 401; sent on every transport ------------------------------------
+
+// The key lives in this tab only (sessionStorage), never in the page's URL.
+function apiKey() { return $("api-key").value.trim(); }
+function authHeaders() { return apiKey() ? { Authorization: `Bearer ${apiKey()}` } : {}; }
+function askForKey(message) {
+  $("key-row").hidden = false;
+  $("api-key").focus();
+  reportError(message);
+}
+$("api-key").value = sessionStorage.getItem("rtvoice-api-key") || "";
+if ($("api-key").value) $("key-row").hidden = false;
+$("api-key").addEventListener("change", () => {
+  sessionStorage.setItem("rtvoice-api-key", apiKey());
+  stats.errors = [];
+  loadVoices().catch((error) => reportError(error.message));
+});
+
+// An error answer's message; a 401 also shows the key field.
+async function failure(response) {
+  let message = `HTTP ${response.status}`;
+  try { message = (await response.json()).error.message; } catch (_) { /* not the error body */ }
+  if (response.status === 401) askForKey(`${message}: enter the API key`);
+  else reportError(message);
+}
+
 function beginRequest(transport) {
   stats.transport = transport;
   stats.requestSentAt = performance.now();
@@ -109,10 +135,10 @@ async function speakHttp(text, voice) {
   httpAbort = new AbortController();
   beginRequest("http");
   const response = await fetch("/v1/audio/speech", {
-    method: "POST", signal: httpAbort.signal, headers: { "Content-Type": "application/json" },
+    method: "POST", signal: httpAbort.signal, headers: { "Content-Type": "application/json", ...authHeaders() },
     body: JSON.stringify({ model: "tts-1", input: text, voice, response_format: "pcm" }),
   });
-  if (!response.ok) { reportError((await response.json()).error.message); return; }
+  if (!response.ok) { await failure(response); return; }
   const rate = Number(response.headers.get("X-Sample-Rate") || 24000);
   const reader = response.body.getReader();
   setState("speaking (HTTP)");
@@ -131,7 +157,9 @@ const WS_RATE = 24000;
 
 function openSocket(voice) {
   return new Promise((resolve, reject) => {
-    const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/tts/stream`;
+    // Browsers cannot set headers on a WebSocket: the key goes in the query.
+    const key = apiKey() ? `?api_key=${encodeURIComponent(apiKey())}` : "";
+    const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/tts/stream${key}`;
     const ws = new WebSocket(url);
     ws.binaryType = "arraybuffer";
     ws.onopen = () => {
@@ -187,9 +215,13 @@ class WhepSession {
       });
     });
     const response = await fetch(`/whep?voice=${encodeURIComponent(voice)}`, {
-      method: "POST", headers: { "Content-Type": "application/sdp" }, body: this.pc.localDescription.sdp,
+      method: "POST", headers: { "Content-Type": "application/sdp", ...authHeaders() },
+      body: this.pc.localDescription.sdp,
     });
-    if (response.status !== 201) throw new Error((await response.json()).error.message);
+    if (response.status !== 201) {
+      await failure(response);
+      throw new Error(stats.errors[stats.errors.length - 1]);
+    }
     this.location = new URL(response.headers.get("Location"), location.href).toString();
     this.voice = voice;
     await this.pc.setRemoteDescription({ type: "answer", sdp: await response.text() });
@@ -227,7 +259,7 @@ class WhepSession {
 
   async close() {
     clearInterval(this.watch);
-    if (this.location) await fetch(this.location, { method: "DELETE" }).catch(() => {});
+    if (this.location) await fetch(this.location, { method: "DELETE", headers: authHeaders() }).catch(() => {});
     this.pc.close();
     stats.whepConnected = false;
   }
@@ -245,7 +277,10 @@ async function speakWebRtc(text, voice) {
 // ---- page wiring ----------------------------------------------------------------------------------------------
 
 async function loadVoices() {
-  const voices = await (await fetch("/voices")).json();
+  const response = await fetch("/voices", { headers: authHeaders() });
+  if (!response.ok) { await failure(response); return; }
+  setState("idle");
+  const voices = await response.json();
   $("voice").replaceChildren(...voices.map((v) => {
     const option = document.createElement("option");
     option.value = v.id;
