@@ -124,6 +124,20 @@ def test_slow_headers_and_silent_connections_are_closed(limited: Server) -> None
     assert httpx.get(f"{limited.url}/voices").status_code == 200
 
 
+def test_connections_at_once(start_server: Callable[..., Server]) -> None:
+    """uvicorn's limit_concurrency (RTVOICE_MAX_CONNECTIONS): past it, 503 at once; the head deadline then frees
+    the idle connections and requests pass again."""
+    server = start_server(max_connections="6", header_timeout_s="1.5")
+    host, port = address(server)
+    idle = [socket.create_connection((host, port)) for _ in range(6)]
+    try:
+        assert wait_for(lambda: httpx.get(f"{server.url}/healthz").status_code == 503, timeout=5)
+        assert wait_for(lambda: httpx.get(f"{server.url}/voices").status_code == 200, timeout=15)
+    finally:
+        for sock in idle:
+            sock.close()
+
+
 def test_an_oversized_head_gets_431(limited: Server) -> None:
     host, port = address(limited)
     with socket.create_connection((host, port)) as sock:
