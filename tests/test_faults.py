@@ -23,7 +23,7 @@ from bench.servers import REPO
 from rtvoice.engine.faults import parse_faults
 from tests.audio import parse_wav
 from tests.conftest import Server
-from tests.whep_client import WhepPlayer
+from tests.whep_client import refused_then_spoken
 
 CLEAN = "A clean stream runs beside the failing one and is spoken to its very end."
 LATE_FAILURE = "This first sentence is spoken. The second one carries FAILDECODE and breaks."
@@ -129,18 +129,7 @@ def test_websocket_utterance_fails_alone(faulty: Server) -> None:
 
 
 def test_whep_utterance_fails_with_an_error_event(faulty: Server) -> None:
-    async def main() -> None:
-        player = await WhepPlayer(faulty.url).start()
-        try:
-            player.send({"type": "tts_request", "text": LATE_FAILURE, "request_id": "bad"})
-            error = await player.event("error", "bad", timeout=30)
-            assert error["code"] == "synthesis_failed"
-            player.send({"type": "tts_request", "text": "Then this one plays.", "request_id": "good"})
-            assert (await player.event("done", "good", timeout=30))["audio_s"] > 0.5
-        finally:
-            await player.close()
-
-    asyncio.run(main())
+    asyncio.run(refused_then_spoken(faulty.url, LATE_FAILURE, "synthesis_failed"))
 
 
 # -- start-up -----------------------------------------------------------------------------------------------

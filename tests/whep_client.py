@@ -230,3 +230,16 @@ class StunResponder:
         self._stop.set()
         self._thread.join(timeout=2)
         self.sock.close()
+
+
+async def refused_then_spoken(base_url: str, text: str, code: str) -> None:
+    """A player whose request with ``text`` gets an ``error`` with ``code``, and whose next one is spoken whole:
+    the session outlives the failure."""
+    player = await WhepPlayer(base_url).start()
+    try:
+        player.send({"type": "tts_request", "text": text, "request_id": "refused"})
+        assert (await player.event("error", timeout=30))["code"] == code
+        player.send({"type": "tts_request", "text": "Then this one plays.", "request_id": "spoken"})
+        assert (await player.event("done", "spoken", timeout=30))["audio_s"] > 0.5
+    finally:
+        await player.close()
