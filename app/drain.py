@@ -89,7 +89,7 @@ class DrainGate:
         if scope["type"] not in ("http", "websocket") or scope["path"] in PROBE_PATHS:
             await self.app(scope, receive, send)
             return
-        if self.drain.draining:
+        if self.drain.draining and scope.get("method") != "DELETE":  # a DELETE only frees (a WHEP player leaving)
             await asgi_error(scope, send, ShuttingDown(), {"Connection": "close"} if scope["type"] == "http" else None)
             return
         if scope["type"] == "websocket":
