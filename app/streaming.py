@@ -4,10 +4,9 @@ The body owns the stream's end: when the client goes away, Starlette cancels
 the body and the ``finally`` cancels the stream, which frees its slot in the
 scheduler within one chunk.
 
-``SpeechResponse`` sends its status only with the first bytes of audio, so a stream that fails before any
-audio gets a real error status and body (500 ``synthesis_failed``). One that fails later cannot change its
-status: its body is cut off without the chunked encoding's last chunk, which every HTTP client reports as an
-incomplete body, rather than ending as a short but valid file.
+``SpeechResponse`` sends its status at once (a client learns it was admitted, even while its stream waits in the
+queue), so a stream that fails cannot change it: its body is cut off without the chunked encoding's last chunk,
+which every HTTP client reports as an incomplete body, rather than ending as a short but valid file.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi.responses import StreamingResponse
 from starlette.types import Send
 
-from rtvoice.app.errors import engine_error_response, error_body
+from rtvoice.app.errors import error_body
 from rtvoice.app.request_context import track_stream
 from rtvoice.engine.audio.encoding import Encoder, WavEncoder
 from rtvoice.engine.errors import EngineError
@@ -30,16 +29,16 @@ log = logging.getLogger(__name__)
 
 
 async def audio_body(stream: SpeechStream, encoder: Encoder) -> AsyncIterator[bytes]:
-    """The stream's audio as ``encoder`` writes it; a WAV header goes out with the first audio."""
+    """The stream's audio as ``encoder`` writes it (a WAV header first)."""
     track_stream(stream)
     try:
-        prefix = encoder.header() if isinstance(encoder, WavEncoder) else b""
+        if isinstance(encoder, WavEncoder):
+            yield encoder.header()
         async for pcm in stream.audio():
-            data = prefix + encoder.encode(pcm)
+            data = encoder.encode(pcm)
             if data:
-                prefix = b""
                 yield data
-        tail = prefix + encoder.finish()
+        tail = encoder.finish()
         if tail:
             yield tail
     finally:
@@ -55,40 +54,25 @@ async def sse_body(
 ) -> AsyncIterator[bytes]:
     """OpenAI's speech events: ``speech.audio.delta`` with base64 audio, then ``speech.audio.done``.
 
-    A failure after the first event sends an ``error`` event (the error body) before the body is cut off."""
-    sent = False
+    A failure sends an ``error`` event (the error body) before the body is cut off."""
     try:
         async for data in audio_body(stream, encoder):
-            sent = True
             yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
         yield sse_event({"type": "speech.audio.done", "usage": usage(stream)})
     except EngineError as error:
-        if sent:
-            yield sse_event({"type": "error", **error_body(error.message, error.type, error.code, error.param)})
+        yield sse_event({"type": "error", **error_body(error.message, error.type, error.code, error.param)})
         raise
     finally:
         stream.cancel()
 
 
 class SpeechResponse(StreamingResponse):
-    """A streamed speech body whose status waits for its first bytes, and which fails visibly after them."""
+    """A streamed speech body that, when its stream fails, ends without its last chunk: visibly broken."""
 
     async def stream_response(self, send: Send) -> None:
-        iterator = aiter(self.body_iterator)
-        try:
-            first = await anext(iterator, b"")
-        except EngineError as error:
-            log.warning("synthesis failed before any audio: %s", error.message)
-            response = engine_error_response(error)
-            await send({"type": "http.response.start", "status": response.status_code,
-                        "headers": response.raw_headers})
-            await send({"type": "http.response.body", "body": response.body})
-            return
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         try:
-            if first:
-                await send({"type": "http.response.body", "body": first, "more_body": True})
-            async for chunk in iterator:
+            async for chunk in self.body_iterator:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except EngineError as error:
             # No final chunk: the connection closes with the body unterminated, which clients detect.

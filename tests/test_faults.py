@@ -1,8 +1,7 @@
 """Faults fail one stream, not the server: a real server and voice whose model call raises (the
 RTVOICE_FAULT_INJECTION test hook replaces only that call) for streams whose text carries a marker.
 
-Each transport shows the failure to its own client (a cut-off HTTP body, a 500 before any audio, an SSE
-``error`` event, a WebSocket ``synthesis_failed``, a WHEP ``error`` event) while a stream running at the
+Each transport shows the failure to its own client (a cut-off HTTP body, an SSE ``error`` event, a WebSocket ``synthesis_failed``, a WHEP ``error`` event) while a stream running at the
 same time is served whole. Bad voice files stop the server at start-up with a message naming them.
 """
 
@@ -81,11 +80,13 @@ def test_http_body_that_fails_midway_is_cut_off_and_the_neighbour_is_whole(fault
     assert httpx.get(f"{faulty.url}/readyz").status_code == 200
 
 
-def test_failure_before_any_audio_is_a_500_with_the_error_body(faulty: Server) -> None:
-    response = speech(faulty, EARLY_FAILURE)
-    assert response.status_code == 500
-    error = response.json()["error"]
-    assert error["code"] == "synthesis_failed" and error["request_id"] == response.headers["x-request-id"]
+def test_failure_before_any_audio_cuts_the_body_too(faulty: Server) -> None:
+    """The status left at once (the client knows it was admitted): a failure before any audio cuts the body."""
+    with httpx.stream("POST", f"{faulty.url}/v1/audio/speech", timeout=60, json={
+            "model": "tts-1", "voice": "alloy", "input": EARLY_FAILURE, "response_format": "wav"}) as response:
+        assert response.status_code == 200
+        with pytest.raises(httpx.RemoteProtocolError):
+            response.read()
     assert speech(faulty, "Still fine afterwards.").status_code == 200
 
 
