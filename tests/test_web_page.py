@@ -63,9 +63,9 @@ def test_http_speaks(page) -> None:  # type: ignore[no-untyped-def]
     print(f"browser HTTP text -> first audio: {stats['ttfaMs']} ms")
 
 
-def test_a_keyed_server_asks_for_the_key_and_every_transport_sends_it(browser, start_server) -> None:  # type: ignore[no-untyped-def]
+def test_a_keyed_server_asks_for_the_key_and_every_transport_sends_it(chromium, start_server) -> None:  # type: ignore[no-untyped-def]
     keyed = start_server(api_keys="page:sk-page-0123456789")
-    context = browser.new_context()
+    context = chromium.new_context()
     try:
         page = context.new_page()
         page.goto(keyed.url + "/")
