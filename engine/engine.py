@@ -2,7 +2,8 @@
 
 Transports call ``open_stream`` (whole text or text to come), read the
 stream's events, and cancel it when their client leaves. Everything else —
-which step runs when, batching, admission — is the scheduler's business.
+which step runs when, batching, admission — is the scheduler's business, and
+the engine loop (``engine/core.py``) drives it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from rtvoice.engine.audio.resample import SUPPORTED_SAMPLE_RATES
+from rtvoice.engine.core import EngineCore
 from rtvoice.engine.errors import InvalidRequest, ModelNotLoaded
 from rtvoice.engine.metrics import Metrics
 from rtvoice.engine.models.base import SynthesisOptions, Voice, VoiceInfo
@@ -33,18 +35,19 @@ class Engine:
         self.settings = settings
         self.metrics = Metrics()
         self._voices = voices
-        self.runner = ModelRunner(settings.runner_threads)
+        self.runner = ModelRunner(settings.runner_threads, cost_scale=settings.model_cost_scale)
         self.scheduler = Scheduler(
-            self.runner,
+            self.runner.slots,
             Limits(
                 max_active_streams=settings.max_active_streams,
                 max_queued_streams=settings.max_queued_streams,
                 max_batch_size=settings.max_batch_size,
-                max_batch_wait_ms=settings.max_batch_wait_ms,
-                urgent_margin_ms=settings.urgent_margin_ms,
+                max_load=settings.max_load,
+                cost_safety=settings.cost_safety_factor,
             ),
             self.metrics,
         )
+        self.core = EngineCore(self.scheduler, self.runner)
         self.ready = False
 
     async def start(self) -> None:
@@ -54,13 +57,16 @@ class Engine:
             self._voices = await loop.run_in_executor(None, VoiceRegistry.load, self.settings)
         if self.settings.warmup:
             await loop.run_in_executor(None, self._voices.warmup)
-        self.scheduler.start()
+            await self.core.calibrate(self._voices.all())
+        for voice in self._voices.all():
+            self.scheduler.watch(voice)
+        self.core.start()
         self.ready = True
         log.info("engine ready with voices %s", ", ".join(self._voices.ids()))
 
     async def stop(self) -> None:
         self.ready = False
-        await self.scheduler.stop()
+        await self.core.stop()
         self.runner.close()
 
     # -- voices -----------------------------------------------------------------------------------
@@ -129,10 +135,12 @@ class Engine:
         segmenter = Segmenter(self.settings.first_segment_max_chars, self.settings.segment_max_chars,
                               voice.info.language)
         stream = SpeechStream(
-            voice, session, segmenter, sample_rate or voice.info.sample_rate, self.metrics, self.scheduler.wake,
-            max_buffered_s=self.settings.max_buffered_audio_s,
+            voice, session, segmenter, sample_rate or voice.info.sample_rate, self.core.wake,
+            max_buffered_s=self.settings.max_buffered_audio_s, clock=self.scheduler.clock,
+            on_end=self.scheduler.stream_ended,
         )
         self.scheduler.admit(stream)
+        self.core.wake()
         if text is not None:
             stream.push_text(text)
             stream.close_input()

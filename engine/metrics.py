@@ -24,6 +24,19 @@ class Metrics:
         self.audio_seconds = Counter("rtvoice_audio_seconds", "Seconds of audio produced", ["voice"], registry=r)
         self.active_streams = Gauge("rtvoice_active_streams", "Streams being synthesised", registry=r)
         self.queued_streams = Gauge("rtvoice_queued_streams", "Streams waiting for a synthesis slot", registry=r)
+        self.capacity = Gauge(
+            "rtvoice_capacity_audio_seconds_per_second",
+            "Audio seconds per second this machine makes with a voice, from measured model-call costs", ["voice"],
+            registry=r,
+        )
+        self.demand = Gauge(
+            "rtvoice_demand_audio_seconds_per_second",
+            "Audio seconds per second admitted streams need: one per stream with synthesis left", registry=r,
+        )
+        self.load = Gauge(
+            "rtvoice_load", "Demand over capacity (1 is all of it); new streams queue past RTVOICE_MAX_LOAD",
+            registry=r,
+        )
         self.batch_size = Histogram(
             "rtvoice_batch_size", "Steps per model call", ["kind"], buckets=BATCH_BUCKETS, registry=r
         )

@@ -1,36 +1,49 @@
-"""The one scheduler every transport submits to.
+"""The one scheduler every transport submits to: admission, the next batch, and applying its results.
 
-It owns the active and waiting streams and decides, each time a runner slot
-is free, which model step runs next and which other streams' steps share the
-call:
+Like vLLM's, it is driven from outside (``engine/core.py``) in three moves: ``pick_batch`` chooses
+the next call, the runner runs it, ``complete`` applies the results. It keeps its own books (which
+streams have a step in flight, which calls run and when they should end) and touches streams only
+through their methods.
 
-1. streams that owe their first audio go first, oldest first (time to first
-   audio) — except streams whose listener is about to run out of audio
-   (within ``urgent_margin_ms``), which go before them: a gap is audible;
-2. then the stream whose listener runs out of audio soonest (its playback deadline);
-3. the head step's batch takes other ready steps with the same batch key, most
-   urgent first, up to ``max_batch_size``, the voice's limit for that kind of
-   step, and an even share of the ready work per free runner slot.
+- **Admission** compares demand with capacity, both from costs measured on this machine
+  (``engine/cost.py``): each stream with work left needs one second of audio per second, which
+  costs its voice's real-time factor in compute seconds; the runner slots give that many compute
+  seconds per second. A new stream that would take the demand past ``max_load`` of capacity waits
+  in the queue (past ``max_queued_streams``: ``Overloaded``, with a Retry-After from the rate at
+  which streams have been finishing), so admitted listeners never stall because of a newcomer.
+- **Order** and **call length** come from ``engine/policy.py``; the head stream's session sizes
+  its step to the call budget (``VoiceSession.plan_step``).
+- **Batching**: other ready steps with the head's batch key share its call, up to
+  ``max_batch_size``, the voice's limit for the kind, an even share of the ready work per free
+  slot, and the call budget.
 
-A stream has at most one step in flight, so its session is never touched by
-two threads; a stream that is far ahead of its listener waits (backpressure).
+A stream has at most one step in flight, so its session is never touched by two threads; a stream
+far ahead of its client waits (backpressure).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
 
+from rtvoice.engine import policy
+from rtvoice.engine.cost import CostModel
 from rtvoice.engine.errors import Overloaded
 from rtvoice.engine.metrics import Metrics
-from rtvoice.engine.models.base import Step
-from rtvoice.engine.runner import ModelRunner
+from rtvoice.engine.models.base import SMALLEST, Step, StepBudget, Voice
+from rtvoice.engine.playback import Played
+from rtvoice.engine.runner import BatchOutput
 from rtvoice.engine.stream import SpeechStream, StreamState
 
 log = logging.getLogger(__name__)
+
+DEPARTURES_KEPT = 32
+"""Finished streams remembered for the rate at which places free up (Retry-After)."""
 
 
 @dataclass(frozen=True)
@@ -38,8 +51,10 @@ class Limits:
     max_active_streams: int = 32
     max_queued_streams: int = 64
     max_batch_size: int = 8
-    max_batch_wait_ms: float = 0.0
-    urgent_margin_ms: float = 200.0
+    max_load: float = 1.0
+    """Demand admitted streams may place on the measured capacity (1.0: all of it)."""
+    cost_safety: float = 1.5
+    """Cost estimates are multiplied by this wherever they decide whether a listener is served in time."""
 
 
 @dataclass(frozen=True)
@@ -50,155 +65,283 @@ class Decision:
     stream_ids: tuple[int, ...]
 
 
+@dataclass(eq=False)
+class Batch:
+    """One model call: steps of one kind, one per stream."""
+
+    voice: Voice
+    kind: str
+    items: list[tuple[SpeechStream, Step]]
+    estimate_s: float
+    """Its estimated duration when it was picked."""
+    started_at: float
+
+    @property
+    def payloads(self) -> list[Any]:
+        return [step.payload for _, step in self.items]
+
+    @property
+    def size(self) -> int:
+        return sum(step.size for _, step in self.items)
+
+
+@dataclass
+class Load:
+    """What admitted streams need against what this machine makes, per cost key and in all."""
+
+    demand: dict[Hashable, int] = field(default_factory=dict)
+    """Streams with work left, each needing one second of audio per second."""
+    capacity: dict[Hashable, float] = field(default_factory=dict)
+    """Audio seconds per second the runner slots make, per cost key with a measured real-time factor."""
+
+    @property
+    def fraction(self) -> float:
+        """Share of capacity in use (compute-weighted over voices); 0 with no estimate yet."""
+        return sum(count / self.capacity[key] for key, count in self.demand.items() if key in self.capacity)
+
+
 class Scheduler:
-    def __init__(self, runner: ModelRunner, limits: Limits, metrics: Metrics) -> None:
-        self.runner = runner
+    def __init__(self, slots: int, limits: Limits, metrics: Metrics, costs: CostModel | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.slots = slots
         self.limits = limits
         self.metrics = metrics
+        self.costs = costs or CostModel()
+        self.clock = clock
         self.active: list[SpeechStream] = []
         self.waiting: deque[SpeechStream] = deque()
+        self.running: list[Batch] = []
         self.decisions: deque[Decision] = deque(maxlen=1000)
-        self._wake = asyncio.Event()
-        self._in_flight = 0
-        self._task: asyncio.Task[None] | None = None
-        self._batches: set[asyncio.Task[None]] = set()
+        self._busy: set[int] = set()
+        """Streams with a step in flight."""
+
+        self._departures: deque[float] = deque(maxlen=DEPARTURES_KEPT)
+        self._watched: set[str] = set()
+        metrics.demand.set_function(lambda: sum(self.load().demand.values()))
+        metrics.load.set_function(lambda: self.load().fraction)
 
     # -- admission ----------------------------------------------------------------------------------
 
     def admit(self, stream: SpeechStream) -> None:
-        """Take a new stream, or raise Overloaded when both the active set and the queue are full."""
-        if len(self.active) < self.limits.max_active_streams:
-            self._activate(stream)
+        """Take a new stream: active when there is room for it, else queued; Overloaded past the queue."""
+        self.watch(stream.voice)
+        if not self.waiting and self._has_room_for(stream.voice):
+            self.active.append(stream)
         elif len(self.waiting) < self.limits.max_queued_streams:
             self.waiting.append(stream)
         else:
             self.metrics.rejected.inc()
-            raise Overloaded(retry_after_s=1)
+            raise Overloaded(retry_after_s=self.retry_after_s())
         self._update_gauges()
-        self.wake()
 
-    def _activate(self, stream: SpeechStream) -> None:
-        stream.state = StreamState.ACTIVE
-        self.active.append(stream)
+    def _has_room_for(self, voice: Voice) -> bool:
+        if len(self.active) >= self.limits.max_active_streams:
+            return False
+        load = self.load()
+        capacity = load.capacity.get(voice.cost_key)
+        if capacity is None or not load.demand:
+            return True  # nothing measured yet, or nothing else needs the machine: serve it
+        if load.fraction + 1 / capacity > self.limits.max_load:
+            return False
+        # A start costs more than steady speech (first audio, then building a buffer): no more streams
+        # starting at once than there are runner slots, so that those playing keep their buffers.
+        return self._starting(load.fraction) < self.slots
 
-    def _release_closed(self) -> None:
-        for stream in [s for s in self.active if s.closed or s.finished]:
-            if not stream.closed:
+    def _starting(self, load: float) -> int:
+        """Streams with work that are starting: they owe their first audio, or their listener's buffer, right
+        after their last audio, held less than one round of the machine (the time it needs to serve every
+        admitted stream once at its voice's largest step: ``load`` × that step's audio)."""
+        count = 0
+        for stream in self.active:
+            if not self._needs_audio(stream):
+                continue
+            playback = stream.playback
+            step_audio = stream.voice.largest_step_audio_s()
+            if playback.owes_first_audio or (step_audio is not None and playback.buffered_s < load * step_audio):
+                count += 1
+        return count
+
+    def release(self) -> None:
+        """Let ended streams go (finishing those whose input is all synthesised) and admit waiting ones."""
+        now = self.clock()
+        for stream in list(self.active):
+            if not stream.closed and self._finished(stream):
                 stream.finish()
-            self.active.remove(stream)
+            if stream.closed and stream.id not in self._busy:
+                self.active.remove(stream)
+                self._departures.append(now)
         for stream in [s for s in self.waiting if s.closed]:
             self.waiting.remove(stream)
-        while self.waiting and len(self.active) < self.limits.max_active_streams:
-            self._activate(self.waiting.popleft())
+        while self.waiting and self._has_room_for(self.waiting[0].voice):
+            self.active.append(self.waiting.popleft())
         self._update_gauges()
+
+    def _finished(self, stream: SpeechStream) -> bool:
+        return stream.input_closed and stream.session.idle and stream.id not in self._busy
+
+    def stream_ended(self, stream: SpeechStream) -> None:
+        """A stream's ``on_end``: its outcome, at once (the slot is freed at the next ``release``)."""
+        self.metrics.streams.labels(stream.state.value).inc()
+        if stream.state is StreamState.DONE and stream.emitted_s > 0:
+            self.metrics.real_time_factor.labels(stream.voice.info.id).observe(stream.compute_s / stream.emitted_s)
+
+    def retry_after_s(self) -> int:
+        """Seconds until a place is likely free: the queue ahead over the rate at which streams have finished."""
+        if len(self._departures) < 2:
+            return 1
+        span = self._departures[-1] - self._departures[0]
+        if span <= 0:
+            return 1
+        rate = (len(self._departures) - 1) / span
+        return max(1, min(60, math.ceil((len(self.waiting) + 1) / rate)))
+
+    def load(self) -> Load:
+        load = Load()
+        for stream in self.active:
+            if self._needs_audio(stream):
+                key = stream.voice.cost_key
+                load.demand[key] = load.demand.get(key, 0) + 1
+        for stream in self.active + list(self.waiting):
+            key = stream.voice.cost_key
+            if key not in load.capacity:
+                capacity = self.capacity(stream.voice)
+                if capacity is not None:
+                    load.capacity[key] = capacity
+        return load
+
+    def capacity(self, voice: Voice) -> float | None:
+        """Audio seconds per second this machine makes with ``voice``; None before any measurement.
+
+        From the voice's cost at its most efficient step sizes when it can tell (the plan reaches them
+        under load), else from the real-time factor measured on its recent work."""
+        rtf = voice.compute_per_audio_s(self.costs.estimator(voice.cost_key))
+        if rtf is None:
+            rtf = self.costs.real_time_factor(voice.cost_key)
+        return self.slots / rtf if rtf else None
+
+    def _needs_audio(self, stream: SpeechStream) -> bool:
+        if stream.closed or stream.throttled:
+            return False
+        return stream.id in self._busy or not stream.session.idle
 
     def _update_gauges(self) -> None:
         self.metrics.active_streams.set(len(self.active))
         self.metrics.queued_streams.set(len(self.waiting))
 
-    # -- the loop -----------------------------------------------------------------------------------
+    def watch(self, voice: Voice) -> None:
+        """Export ``voice``'s capacity (read when the metrics are scraped)."""
+        if voice.info.id not in self._watched:
+            self._watched.add(voice.info.id)
+            self.metrics.capacity.labels(voice.info.id).set_function(lambda: self.capacity(voice) or 0.0)
 
-    def wake(self) -> None:
-        self._wake.set()
+    # -- schedule -----------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="rtvoice-scheduler")
+    def pick_batch(self) -> Batch | None:
+        """The next call while a runner slot is free: the most pressing step, sized to the call budget,
+        and the steps that can share its call. The batch counts as running until ``complete``/``fail``."""
+        if len(self.running) >= self.slots:
+            return None
+        now = self.clock()
+        safety = self.limits.cost_safety
+        ready: list[policy.Ready] = []
+        streams: dict[int, SpeechStream] = {}
+        for stream in self.active:
+            if stream.id in self._busy or stream.closed or stream.throttled:
+                continue
+            step = stream.session.plan_step(SMALLEST)
+            if step is None:
+                continue
+            cost = self.costs.estimator(stream.voice.cost_key)
+            step_s = cost(step.kind, step.size)
+            to_audio_s = step_s + sum(cost(kind, size) for kind, size in step.until_audio)
+            ready.append(policy.Ready(stream.id, step, step_s, to_audio_s, stream.playback.runs_out_at,
+                                      stream.playback.owed_since))
+            streams[stream.id] = stream
+        if not ready:
+            return None
+        load = self.load().fraction
+        ordered = policy.order(ready, now, safety)
+        head, others = ordered[0], ordered[1:]
+        head_stream = streams[head.stream_id]
+        other_slots = [max(now, b.started_at + b.estimate_s) for b in self.running]
+        other_slots += [now] * (self.slots - len(self.running) - 1)
+        call = policy.call_budget(others, now, other_slots, safety)
+        call_s = call.seconds
+        cost = self.costs.estimator(head_stream.voice.cost_key)
+        step = head_stream.session.plan_step(StepBudget(call_s=call_s, due_s=head_stream.playback.due_in(now),
+                                                        cost=cost, safety=safety, load=load, behind=call.behind))
+        assert step is not None
+        items = [(head_stream, step)]
+        # Split ready work over the free runner slots rather than queueing it all behind one call.
+        compatible = [r for r in others if r.step.batch_key == step.batch_key]
+        free_slots = max(1, self.slots - len(self.running))
+        limit = min(self.limits.max_batch_size, head_stream.voice.max_batch(step.kind),
+                    -(-(len(compatible) + 1) // free_slots))
+        size = step.size
+        for r in compatible:
+            if len(items) >= limit or cost(step.kind, size + r.step.size) * safety > max(call_s, cost(step.kind, size)):
+                break
+            items.append((streams[r.stream_id], r.step))
+            size += r.step.size
+        batch = Batch(head_stream.voice, step.kind, items, cost(step.kind, size), now)
+        self._start(batch)
+        return batch
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+    def _start(self, batch: Batch) -> None:
+        self.running.append(batch)
+        for stream, _ in batch.items:
+            self._busy.add(stream.id)
+        self.decisions.append(Decision(batch.kind, tuple(stream.id for stream, _ in batch.items)))
+        self.metrics.batch_size.labels(batch.kind).observe(len(batch.items))
+
+    # -- update -------------------------------------------------------------------------------------
+
+    def complete(self, batch: Batch, output: BatchOutput) -> None:
+        """Apply a finished call: its cost to the estimates, each result to its stream."""
+        now = self.clock()
+        self._end(batch)
+        key = batch.voice.cost_key
+        self.costs.observe_call(key, batch.kind, batch.size, output.seconds)
+        self.metrics.step_seconds.labels(batch.kind).observe(output.seconds)
+        share = output.seconds / len(batch.items)
+        for (stream, step), result in zip(batch.items, output.results):
+            if stream.closed:
+                continue  # cancelled while its step ran: drop the result
             try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+                delivered = stream.deliver(step, result, share, now)
+            except Exception as error:
+                log.exception("stream %s failed", stream.id)
+                stream.fail(error)
+                continue
+            self.costs.observe_output(key, share, delivered.audio_s)
+            if delivered.played is not None:
+                self._record_audio(stream, delivered.audio_s, delivered.played)
+        self._update_gauges()
+
+    def fail(self, batch: Batch, error: Exception) -> None:
+        """A call raised: its streams fail, others go on."""
+        self._end(batch)
+        log.error("%s call failed for streams %s: %s", batch.kind, [s.id for s, _ in batch.items], error)
+        for stream, _ in batch.items:
+            stream.fail(error)
+
+    def _end(self, batch: Batch) -> None:
+        self.running.remove(batch)
+        for stream, _ in batch.items:
+            self._busy.discard(stream.id)
+
+    def _record_audio(self, stream: SpeechStream, audio_s: float, played: Played) -> None:
+        voice = stream.voice.info.id
+        m = self.metrics
+        m.audio_seconds.labels(voice).inc(audio_s)
+        if played.ttfa_s is not None:
+            m.ttfa.labels(voice).observe(played.ttfa_s)
+        if played.late_s > 0:
+            m.late_chunks.inc()
+            m.stall_seconds.inc(played.late_s)
+
+    def cancel_all(self) -> None:
         for stream in self.active + list(self.waiting):
             stream.cancel()
         self.active.clear()
         self.waiting.clear()
-
-    async def _loop(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self._schedule()
-            except Exception:  # a scheduling bug must not take every stream down with it
-                log.exception("scheduler iteration failed")
-
-    async def _schedule(self) -> None:
-        self._release_closed()
-        while self._in_flight < self.runner.slots:
-            batch = self.pick_batch()
-            if not batch:
-                return
-            wait_s = self.limits.max_batch_wait_ms / 1000
-            if wait_s > 0 and len(batch) < self.limits.max_batch_size and self._in_flight > 0:
-                # Another call is running anyway: a short wait may let more streams join this one.
-                await asyncio.sleep(wait_s)
-                self._release_closed()
-                batch = self.pick_batch()
-                if not batch:
-                    return
-            self._dispatch(batch)
-
-    def pick_batch(self) -> list[tuple[SpeechStream, Step]]:
-        """The next call to make: the most urgent ready step and the steps that can share its call."""
-        ready: list[tuple[tuple[int, float], SpeechStream, Step]] = []
-        now = time.monotonic()
-        margin = self.limits.urgent_margin_ms / 1000
-        for stream in self.active:
-            if stream.in_flight or stream.closed or stream.throttled:
-                continue
-            step = stream.session.next_step()
-            if step is not None:
-                ready.append((stream.priority(now, margin), stream, step))
-        if not ready:
-            return []
-        ready.sort(key=lambda item: item[0])
-        _, head_stream, head = ready[0]
-        compatible = [(stream, step) for _, stream, step in ready if step.batch_key == head.batch_key]
-        # Split ready work over the free runner slots rather than queueing it all behind one call.
-        free_slots = max(1, self.runner.slots - self._in_flight)
-        limit = min(
-            self.limits.max_batch_size,
-            head_stream.voice.max_batch(head.kind),
-            -(-len(compatible) // free_slots),
-        )
-        return compatible[:limit]
-
-    def _dispatch(self, batch: list[tuple[SpeechStream, Step]]) -> None:
-        for stream, _ in batch:
-            stream.in_flight = True
-        self._in_flight += 1
-        kind = batch[0][1].kind
-        self.decisions.append(Decision(kind, tuple(stream.id for stream, _ in batch)))
-        self.metrics.batch_size.labels(kind).observe(len(batch))
-        task = asyncio.get_running_loop().create_task(self._execute(batch))
-        self._batches.add(task)
-        task.add_done_callback(self._batches.discard)
-
-    async def _execute(self, batch: list[tuple[SpeechStream, Step]]) -> None:
-        voice = batch[0][0].voice
-        kind = batch[0][1].kind
-        try:
-            results, seconds = await self.runner.run(voice, kind, [step.payload for _, step in batch])
-        except Exception as error:
-            log.exception("%s call failed for streams %s", kind, [s.id for s, _ in batch])
-            for stream, _ in batch:
-                stream.in_flight = False
-                stream.fail(error)
-        else:
-            self.metrics.step_seconds.labels(kind).observe(seconds)
-            share = seconds / len(batch)
-            for (stream, step), result in zip(batch, results):
-                stream.in_flight = False
-                if stream.closed:
-                    continue  # cancelled while its step ran: drop the result
-                try:
-                    stream.deliver(step, result, share)
-                except Exception as error:
-                    log.exception("stream %s failed", stream.id)
-                    stream.fail(error)
-        finally:
-            self._in_flight -= 1
-            self.wake()

@@ -57,9 +57,10 @@ class Settings(BaseSettings):
     first_chunk_ms: int = 120
     """Audio in a stream's first chunk: small, so the first bytes leave early."""
     chunk_ms: int = 1000
-    """Audio in each later chunk: larger, so the per-call overhead is paid rarely."""
+    """Most audio in one later chunk. Chunks are as large as measured costs allow without another listener
+    running out of audio, up to this; larger ones pay the per-call overhead more rarely."""
     flow_chunk_ms: int = 3000
-    """Audio covered by each run of the flow (its context is paid once per run)."""
+    """Most audio covered by one run of the flow (its context is paid once per run); sized like chunks."""
     crossfade_ms: float = 12.0
     """Overlap between neighbouring chunks, joined with a Hamming cross-fade."""
     first_segment_max_chars: int = 90
@@ -70,10 +71,14 @@ class Settings(BaseSettings):
     # Scheduling and threads
     max_batch_size: int = 8
     """Most steps of one kind that share a model call (a voice may allow fewer; 1 turns batching off)."""
-    max_batch_wait_ms: float = 0.0
-    """How long a call may wait for more streams to join it while another call runs."""
-    urgent_margin_ms: float = 200.0
-    """A stream whose listener runs out of audio within this margin goes before streams owing first audio."""
+    max_load: float = Field(1.0, gt=0)
+    """Admit a new stream only while the demand of the admitted ones, the newcomer's included, stays within
+    this share of the capacity measured on this machine; past it, new streams wait in the queue."""
+    cost_safety_factor: float = Field(1.5, ge=1.0)
+    """Measured call costs are multiplied by this wherever they decide whether a listener is served in time."""
+    model_cost_scale: float = Field(1.0, ge=1.0)
+    """Test and benchmark hook: each model call holds its runner slot this many times its measured time,
+    as on a slower machine (2: half the speed)."""
     runner_threads: int = 2
     """Model calls that run at once."""
     intra_op_threads: int = 1

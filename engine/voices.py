@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from rtvoice.engine.errors import UnknownVoice
 from rtvoice.engine.faults import with_faults
 from rtvoice.engine.models.base import Voice, VoiceInfo
-from rtvoice.engine.models.piper.voice import ChunkPlan, PiperVoice
+from rtvoice.engine.models.piper.plan import ChunkPlan
+from rtvoice.engine.models.piper.voice import PiperVoice
 from rtvoice.engine.settings import OPENAI_VOICE_NAMES, Settings
 
 if TYPE_CHECKING:
@@ -120,6 +121,9 @@ class VoiceRegistry:
     @property
     def aliases(self) -> dict[str, str]:
         return dict(self._aliases)
+
+    def all(self) -> list[Voice]:
+        return list(self._voices.values())
 
     def infos(self) -> list[VoiceInfo]:
         return [voice.info for voice in self._voices.values()]

@@ -80,7 +80,8 @@ def test_chunked_decode_equals_whole_decode(piper_voice: PiperVoice) -> None:
     assert snr >= 40
 
 
-def test_chunk_sizes_ramp_up(piper_voice: PiperVoice) -> None:
+def test_unbudgeted_plan_starts_small_then_takes_the_largest_chunks(piper_voice: PiperVoice) -> None:
+    """Without a scheduler's budget (no costs known): a small first chunk, then chunks up to the cap."""
     session = piper_voice.open_session(SynthesisOptions(seed=1))
     session.add_segment(SENTENCE)
     sizes = []
@@ -89,8 +90,9 @@ def test_chunk_sizes_ramp_up(piper_voice: PiperVoice) -> None:
         audio = session.complete(step, result)
         if audio is not None:
             sizes.append(len(audio) // piper_voice.hop)
-    assert sizes[0] == piper_voice.first_chunk_frames
-    assert max(sizes) <= piper_voice.chunk_frames * 1.5 and sizes[1] > sizes[0]
+    geometry = piper_voice.geometry
+    assert sizes[0] == geometry.first_chunk
+    assert max(sizes) <= geometry.max_chunk * 1.5 and sizes[1] > sizes[0]
 
 
 def test_seed_makes_speech_reproducible(piper_voice: PiperVoice) -> None:

@@ -1,77 +1,243 @@
-"""The scheduler: who goes first, batching that changes nothing, admission limits, cancellation, metrics."""
+"""The scheduler: who goes first, chunk sizes and admission from measured costs, batching that changes nothing.
+
+Policy tests drive the real ``Scheduler`` with a fake voice whose calls cost what the test says, on a clock the
+test moves (``tests/fake_voice.py``): no model, no threads, no sleeping. Contract tests talk to a real server.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import time
+import math
 
 import httpx
 import numpy as np
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rtvoice.engine import policy
+from rtvoice.engine.cost import LinearFit
 from rtvoice.engine.engine import Engine
-from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.errors import Overloaded
+from rtvoice.engine.models.base import Step, SynthesisOptions
+from rtvoice.engine.scheduler import Limits
 from rtvoice.engine.settings import Settings
-from tests.audio import snr_db
+from rtvoice.engine.stream import SpeechStream
+from tests.audio import same_speech, snr_db
 from tests.conftest import Server
+from tests.fake_voice import Costs, FakeVoice, Simulation
+from tests.polling import wait_for
 
 LONG = " ".join(["The long story goes on and on, sentence after sentence, for a good while."] * 30)
 SHORT = "Short one."
+UTTERANCES = [
+    "Thanks for calling. I can help you change your booking, check the status of an order, or answer a question "
+    "about your account.",
+    "Your order left our warehouse this morning, and it should arrive on Thursday between nine and eleven.",
+    "If that time does not suit you, I can move the delivery to Friday afternoon instead. Would you like that?",
+    "One moment while I look that up for you. It seems the card on file expired last month.",
+]
 
 
-def test_new_stream_first_chunk_goes_before_a_running_long_stream() -> None:
-    """Ordering, not timing: the first decision after a short stream arrives is the short stream's step."""
+def listeners(sim: Simulation, count: int, join_s: float, utterances: int = 2) -> None:
+    """``count`` listeners joining one by one over ``join_s``; each asks for its next utterance when the last
+    one has played out, as a real-time player does."""
 
-    async def scenario() -> None:
-        # One runner slot: each decision is the scheduler's choice among all ready steps.
-        engine = Engine(Settings(warmup=False, runner_threads=1))
-        await engine.start()
-        try:
-            voice = engine.resolve_voice(None)
-            long = engine.open_stream(voice, SynthesisOptions(seed=1), text=LONG)
-            events = long.events()
-            await events.__anext__()  # the long stream is speaking
-            for _ in range(3):
-                await events.__anext__()
-            mark = len(engine.scheduler.decisions)
-            short = engine.open_stream(voice, SynthesisOptions(seed=2), text=SHORT)
-            first = [pcm async for pcm in short.audio()]
-            assert first
-            after = list(engine.scheduler.decisions)[mark:]
-            # Every step of the short stream up to its first audio ran before any further step of the long one.
-            first_decode = next(i for i, d in enumerate(after) if short.id in d.stream_ids and d.kind == "decode")
-            assert [d.kind for d in after[: first_decode + 1]] == ["encode", "flow", "decode"], after[:5]
-            # The short stream heads each call; a long stream's step of the same shape may share it.
-            assert all(d.stream_ids[0] == short.id for d in after[: first_decode + 1]), after[:5]
-            long.cancel()
-        finally:
-            await engine.stop()
+    def start(index: int, n: int) -> None:
+        stream = sim.open(UTTERANCES[(index + n) % len(UTTERANCES)])
 
-    asyncio.run(scenario())
+        def played() -> None:
+            if stream.closed and stream.playback.runs_out_at is not None:
+                if n + 1 < utterances:
+                    sim.at(max(sim.clock.now, stream.playback.runs_out_at), lambda: start(index, n + 1))
+            else:
+                sim.at(sim.clock.now + 0.05, played)
+
+        sim.at(sim.clock.now + 0.05, played)
+
+    for index in range(count):
+        sim.at(join_s * index / count, lambda index=index: start(index, 0))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+STALL_S = 0.02
+"""A listener stalls when it waits longer than this for audio in all (what the load benchmark counts per gap)."""
+
+
+def stalled(sim: Simulation) -> list[int]:
+    return [s.id for s in sim.streams if s.playback.stall_s > STALL_S]
+
+
+# -- the policy -------------------------------------------------------------------------------------
+
+
+def ready(stream_id: int, due_at: float | None, since: float = 0.0, step_s: float = 0.02,
+          to_audio_s: float = 0.03) -> policy.Ready:
+    step = Step("decode", ("decode",), None, None)  # type: ignore[arg-type]
+    return policy.Ready(stream_id, step, step_s, to_audio_s, due_at, since)
 
 
 def test_priority_tiers() -> None:
-    """About-to-run-dry streams, then streams owing first audio (oldest first), then by deadline."""
+    """Streams that cannot wait for a first-audio call, then first audio (oldest first), then by latest start."""
+    now, safety = 10.0, 1.5
+    first_old, first_new = ready(1, None, since=9.0), ready(2, None, since=9.5)
+    # Latest start = due - 1.5 x 0.03 s. The oldest first-audio call holds a slot 1.5 x 0.02 s = 30 ms.
+    dry = ready(3, now + 0.06)  # latest start in 15 ms: cannot wait 30 ms
+    soon = ready(4, now + 0.1)  # latest start in 55 ms: can
+    later = ready(5, now + 2.0)
+    order = policy.order([later, first_new, soon, dry, first_old], now, safety)
+    assert [r.stream_id for r in order] == [3, 1, 2, 4, 5]
+    # With no stream owing first audio, everything goes by latest start.
+    assert [r.stream_id for r in policy.order([later, soon, dry], now, safety)] == [3, 4, 5]
 
-    async def scenario() -> None:
-        engine = Engine(Settings(warmup=False))
-        await engine.start()
-        try:
-            voice = engine.resolve_voice(None)
-            older, newer, speaking, dry = (engine.open_stream(voice) for _ in range(4))
-            now = time.monotonic()
-            speaking.runs_out_at = now + 5.0
-            dry.runs_out_at = now + 0.05
-            margin = engine.settings.urgent_margin_ms / 1000
-            order = sorted([speaking, newer, dry, older], key=lambda s: s.priority(now, margin))
-            assert order == [dry, older, newer, speaking]
-            for stream in (older, newer, speaking, dry):
-                stream.cancel()
-        finally:
-            await engine.stop()
 
-    asyncio.run(scenario())
+def test_call_budget_from_buffers_slots_and_calls_in_flight() -> None:
+    now, safety = 0.0, 1.0
+    others = [ready(1, due_at=0.5, step_s=0.05, to_audio_s=0.1)]  # must start by 0.4
+    # One slot: this call may run until the other stream's latest start.
+    assert policy.call_budget(others, now, [], safety).seconds == pytest.approx(0.4, abs=1e-3)
+    # A second slot free now serves it whatever this call does.
+    assert policy.call_budget(others, now, [now], safety).seconds == math.inf
+    # A second slot busy until 0.45 cannot: the budget is this slot's again.
+    assert policy.call_budget(others, now, [0.45], safety).seconds == pytest.approx(0.4, abs=1e-3)
+    # A stream owing first audio may wait only for the smallest call.
+    first = [ready(2, None, step_s=0.03)]
+    assert policy.call_budget(first, now, [], safety).seconds == pytest.approx(0.03, abs=1e-3)
+    # A stream already too late does not shrink the call to nothing; nobody else is hurt by a long one.
+    late = [ready(3, due_at=-0.2)]
+    budget = policy.call_budget(late, now, [now], safety)
+    assert budget.seconds == math.inf and budget.behind
+
+
+def test_cost_fit_learns_fixed_and_per_unit_costs_and_follows_a_change() -> None:
+    fit = LinearFit()
+    for size in (10, 40, 80, 20, 60) * 4:
+        fit.observe(size, 0.003 + 0.0009 * size)
+    fixed, slope = fit.coefficients()
+    assert fixed == pytest.approx(0.003, rel=1e-6) and slope == pytest.approx(0.0009, rel=1e-6)
+    for size in (10, 40, 80, 20, 60) * 20:  # the machine gets twice as slow
+        fit.observe(size, 2 * (0.003 + 0.0009 * size))
+    assert fit.predict(50) == pytest.approx(2 * (0.003 + 0.0009 * 50), rel=0.02)
+
+
+# -- the chunk plan, on simulated time --------------------------------------------------------------
+
+
+def test_calibration_measures_every_kind_before_the_first_request() -> None:
+    voice = FakeVoice()
+    sim = Simulation(voice)
+    sim.calibrate()
+    estimate = sim.scheduler.costs.estimator(voice.cost_key)
+    for kind, size in (("encode", 60), ("flow", 200), ("decode", 50)):
+        assert estimate(kind, size) == pytest.approx(voice.costs(kind, size), rel=0.01), kind
+    # Capacity comes from those costs: the slots over the compute a second of audio takes at the largest steps.
+    assert sim.scheduler.capacity(voice) == pytest.approx(2 / voice.compute_per_audio_s(voice.costs), rel=0.01)
+
+
+def test_first_audio_goes_before_a_speaking_stream() -> None:
+    """One slot: a new stream's steps up to its first audio run before the next step of a stream far ahead."""
+    sim = Simulation(FakeVoice(), slots=1)
+    sim.calibrate()
+    long = sim.open(LONG)
+    sim.run(until=1.0)  # the long stream is speaking, well ahead of its listener
+    assert long.playback.due_in(sim.clock.now) > 1.0
+    mark = len(sim.scheduler.decisions)
+    short = sim.open(SHORT)
+    sim.run(until=1.5)
+    after = list(sim.scheduler.decisions)[mark:]
+    first_decode = next(i for i, d in enumerate(after) if short.id in d.stream_ids and d.kind == "decode")
+    assert [d.kind for d in after[: first_decode + 1]] == ["encode", "flow", "decode"], after[:5]
+    # The short stream heads each call; a step of the long one of the same shape may share it.
+    assert all(d.stream_ids[0] == short.id for d in after[: first_decode + 1])
+
+
+def test_a_lone_stream_starts_small_and_grows_to_the_largest_chunks() -> None:
+    voice = FakeVoice()
+    sim = Simulation(voice)
+    sim.calibrate()
+    stream = sim.open(LONG)
+    sim.run()
+    chunks = stream.session.chunks
+    assert chunks[0] == voice.geometry.first_chunk
+    largest = voice.geometry.max_chunk
+    assert chunks.index(largest) <= 4 and max(chunks) < 1.5 * largest  # (a short remainder joins a chunk)
+    assert not stream.playback.late_chunks
+
+
+def test_a_slower_machine_gets_a_larger_first_chunk_only_when_it_must() -> None:
+    """A first chunk must last longer than making the next, larger one; on a fast machine it is the configured
+    size, on one 4x slower it is larger, and then the stream still never runs dry."""
+    first = {}
+    for scale in (1.0, 4.0):
+        voice = FakeVoice(Costs(scale=scale))
+        sim = Simulation(voice)
+        sim.calibrate()
+        stream = sim.open(UTTERANCES[1])
+        sim.run()
+        first[scale] = stream.session.chunks[0]
+        assert not stream.playback.late_chunks, scale
+    assert first[1.0] == FakeVoice().geometry.first_chunk < first[4.0]
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0, 4.0])
+def test_no_listener_stalls_at_half_the_measured_capacity(scale: float) -> None:
+    """Listeners up to half of what the machine makes, joining over a second: nobody runs dry, at any speed."""
+    voice = FakeVoice(Costs(scale=scale))
+    sim = Simulation(voice)
+    sim.calibrate()
+    capacity = sim.scheduler.capacity(voice)
+    assert capacity == pytest.approx(sim.scheduler.slots / voice.compute_per_audio_s(voice.costs), rel=0.01)
+    listeners(sim, int(capacity / 2), 1.0)
+    sim.run()
+    assert len(sim.streams) == 2 * int(capacity / 2)
+    assert stalled(sim) == []
+
+
+def test_admission_queues_past_capacity_and_admitted_listeners_never_stall() -> None:
+    voice = FakeVoice()
+    sim = Simulation(voice)
+    sim.calibrate()
+    capacity = sim.scheduler.capacity(voice)
+    most_queued = 0
+
+    def watch() -> None:
+        nonlocal most_queued
+        most_queued = max(most_queued, len(sim.scheduler.waiting))
+        load = sim.scheduler.load()
+        assert sum(load.demand.values()) <= math.ceil(capacity)  # admitted streams never need more than it makes
+        if sim.scheduler.active or sim.scheduler.waiting or sim.clock.now < 1:
+            sim.at(sim.clock.now + 0.02, watch)
+
+    watch()
+    listeners(sim, int(2 * capacity), 0.0)  # twice what the machine makes, all at once
+    sim.run()
+    assert most_queued > 0
+    assert stalled(sim) == []
+    audio = sum(s.playback.audio_s for s in sim.streams)
+    # Queueing does not waste the machine: it makes audio near its capacity while the queue is full.
+    assert audio / sim.clock.now > 0.8 * capacity
+
+
+def test_overloaded_past_the_queue_with_retry_after_from_the_rate_streams_finish() -> None:
+    sim = Simulation(FakeVoice(), limits=Limits(max_queued_streams=2))
+    sim.calibrate()
+    with pytest.raises(Overloaded) as refused:
+        for index in range(100):
+            sim.open(UTTERANCES[index % 4])
+    assert len(sim.scheduler.waiting) == 2 and index == len(sim.scheduler.active) + 2
+    assert refused.value.retry_after_s == 1  # nothing has finished yet: no rate to go by
+    sim.run(until=4.0)
+    departures = list(sim.scheduler._departures)
+    assert len(departures) >= 2
+    rate = (len(departures) - 1) / (departures[-1] - departures[0])
+    assert sim.scheduler.retry_after_s() == max(1, math.ceil((len(sim.scheduler.waiting) + 1) / rate))
+
+
+# -- the contract, on a real server -----------------------------------------------------------------
 
 
 def _seeded(server: Server, seed: int, text: str) -> bytes:
@@ -81,20 +247,37 @@ def _seeded(server: Server, seed: int, text: str) -> bytes:
     return response.content
 
 
-def test_batching_changes_nothing(server: Server) -> None:
-    """Seeded requests give the same bytes alone and when batched with others."""
-    # Eight similar requests at once: while two run, the others' encoder passes queue up and share calls.
+def test_batching_changes_nothing() -> None:
+    """Seeded streams give the same speech alone and when their steps share calls (the real engine and voice)."""
     texts = [f"Voice number {i} in the crowd speaks one clear sentence." for i in range(8)]
-    alone = [_seeded(server, 100 + i, t) for i, t in enumerate(texts)]
-    batches_before = server.metric("rtvoice_batch_size_sum") - server.metric("rtvoice_batch_size_count")
-    with concurrent.futures.ThreadPoolExecutor(len(texts)) as pool:
-        together = list(pool.map(lambda it: _seeded(server, 100 + it[0], it[1]), enumerate(texts)))
-    batched_extra = server.metric("rtvoice_batch_size_sum") - server.metric("rtvoice_batch_size_count")
-    assert batched_extra > batches_before, "no call carried more than one stream"
+
+    async def run(together: bool) -> tuple[list[np.ndarray], int]:
+        # No warm-up, so nothing is measured yet and all eight are admitted at once: their encoder passes are
+        # ready together and share calls.
+        engine = Engine(Settings(warmup=False))
+        await engine.start()
+        try:
+            voice = engine.resolve_voice(None)
+
+            async def speak(stream: SpeechStream) -> np.ndarray:
+                return np.concatenate([pcm async for pcm in stream.audio()])
+
+            if together:
+                streams = [engine.open_stream(voice, SynthesisOptions(seed=100 + i), text=t)
+                           for i, t in enumerate(texts)]
+                pcm = list(await asyncio.gather(*(speak(stream) for stream in streams)))
+            else:
+                pcm = [await speak(engine.open_stream(voice, SynthesisOptions(seed=100 + i), text=t))
+                       for i, t in enumerate(texts)]
+            return pcm, max(len(d.stream_ids) for d in engine.scheduler.decisions)
+        finally:
+            await engine.stop()
+
+    alone, _ = asyncio.run(run(together=False))
+    together, widest = asyncio.run(run(together=True))
+    assert widest > 1, "no call carried more than one stream"
     for a, b in zip(alone, together):
-        # Padding a batch changes float rounding only: the same samples to within 60 dB.
-        a_pcm, b_pcm = np.frombuffer(a, "<i2"), np.frombuffer(b, "<i2")
-        assert len(a_pcm) == len(b_pcm) and snr_db(a_pcm, b_pcm) >= 60
+        assert same_speech(b, a), snr_db(a, b)
 
 
 def test_admission_limits_and_cancellation(start_server) -> None:  # type: ignore[no-untyped-def]
@@ -108,7 +291,7 @@ def test_admission_limits_and_cancellation(start_server) -> None:  # type: ignor
                 assert b.status_code == 200  # B waits in the queue
                 assert server.metric("rtvoice_queued_streams") == 1
                 c = httpx.post(f"{server.url}/inference_sft", data=body, timeout=10)
-                assert c.status_code == 503 and c.headers["retry-after"] == "1"
+                assert c.status_code == 503 and int(c.headers["retry-after"]) >= 1
                 assert c.json()["error"]["code"] == "overloaded"
                 openai = httpx.post(f"{server.url}/v1/audio/speech", timeout=10,
                                     json={"model": "tts-1", "input": "Hi.", "voice": "alloy"})
@@ -122,10 +305,44 @@ def test_admission_limits_and_cancellation(start_server) -> None:  # type: ignor
                 with httpx.stream("POST", f"{server.url}/inference_sft", data={"tts_text": SHORT},
                                   timeout=60) as d:
                     assert d.status_code == 200 and server.metric("rtvoice_queued_streams") == 1
-    deadline = time.monotonic() + 10
-    while server.metric("rtvoice_active_streams") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.metric("rtvoice_active_streams") == 0
+    assert wait_for(lambda: server.metric("rtvoice_active_streams") == 0)
+
+
+def test_past_measured_capacity_newcomers_get_503_with_retry_after(start_server) -> None:  # type: ignore[no-untyped-def]
+    """With model calls made 10x slower (the cost-scale hook) the machine makes little audio per second; once the
+    streams speaking need all of it, a newcomer is refused (no queue here) instead of slowing them down."""
+    server: Server = start_server(model_cost_scale="10", max_queued_streams="0")
+    capacity = server.metric("rtvoice_capacity_audio_seconds_per_second")
+    assert 0 < capacity < 8, capacity  # measured at start-up, with the calls 10x slower
+    body = {"tts_text": LONG, "format": "pcm"}
+    clients, streams, readers = [], [], []
+    refused = None
+    try:
+        for _ in range(math.ceil(capacity) + 2):
+            client = httpx.Client(timeout=60)
+            clients.append(client)
+            response = client.send(client.build_request("POST", f"{server.url}/inference_sft", data=body),
+                                   stream=True)
+            if response.status_code == 503:
+                refused = response
+                break
+            assert response.status_code == 200
+            streams.append(response)
+            readers.append(response.iter_bytes())  # kept: a dropped reader closes its response
+            next(readers[-1])  # speaking
+        assert refused is not None, f"{len(streams)} streams admitted with a capacity of {capacity:.2f} audio s/s"
+        assert 1 <= len(streams) <= math.ceil(capacity)
+        assert int(refused.headers["retry-after"]) >= 1
+        refused.read()
+        assert refused.json()["error"]["code"] == "overloaded"
+        assert server.metric("rtvoice_demand_audio_seconds_per_second") == len(streams)
+        assert server.metric("rtvoice_load") > 0
+    finally:
+        for response in streams:
+            response.close()
+        for client in clients:
+            client.close()
+    assert wait_for(lambda: server.metric("rtvoice_active_streams") == 0)
 
 
 def test_metrics_parse_and_move(server: Server) -> None:
@@ -159,8 +376,9 @@ def test_metrics_parse_and_move(server: Server) -> None:
     assert moved("rtvoice_batch_size_count", kind="encode") >= 1
     assert moved("rtvoice_batch_size_count", kind="decode") >= 1
     assert moved("rtvoice_model_call_seconds_count", kind="flow") >= 1
+    assert after["rtvoice_capacity_audio_seconds_per_second" + str(sorted(voice.items()))] > 0
     for name in ("rtvoice_active_streams", "rtvoice_queued_streams", "rtvoice_late_chunks_total",
-                 "rtvoice_stall_seconds_total"):
+                 "rtvoice_stall_seconds_total", "rtvoice_demand_audio_seconds_per_second", "rtvoice_load"):
         assert name + "[]" in after
 
 
@@ -172,4 +390,4 @@ def test_stream_audio_is_whole_under_concurrency(server: Server) -> None:
         together = list(pool.map(lambda it: _seeded(server, it[0], it[1]), enumerate(texts)))
     for a, b in zip(alone, together):
         a_pcm, b_pcm = np.frombuffer(a, "<i2"), np.frombuffer(b, "<i2")
-        assert len(a_pcm) == len(b_pcm) and snr_db(a_pcm, b_pcm) >= 60
+        assert same_speech(b_pcm, a_pcm), snr_db(a_pcm, b_pcm)

@@ -17,6 +17,7 @@ from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.settings import Settings
 from rtvoice.engine.stream import SegmentDone
+from tests.audio import same_speech
 from tests.conftest import Server
 from tests.polling import wait_for
 
@@ -198,7 +199,7 @@ def test_fragments_speak_at_sentence_ends_and_match_the_engine(server: Server) -
     assert done["audio_s"] == pytest.approx(len(audio) / NATIVE_RATE, abs=1e-3)
     assert done["text_chars"] == len(first + rest) and done["ttfa_ms"] == start["ttfa_ms"]
     (expected,) = engine_pcm([Job([first, rest], seed=7)])
-    assert len(audio) == len(expected) and np.array_equal(audio, expected)
+    assert same_speech(audio, expected)
 
 
 def test_many_utterances_on_one_connection_then_end(server: Server) -> None:
@@ -227,7 +228,7 @@ def test_many_utterances_on_one_connection_then_end(server: Server) -> None:
         done = utterance.event("done")
         assert done["utterance"] == index and done["segments"] == 1
         assert done["final"] is (index == 2)
-        assert np.array_equal(utterance.samples, want), f"utterance {index}"
+        assert same_speech(utterance.samples, want), f"utterance {index}"
     final = utterances[2].event("done")
     assert final["session"]["utterances"] == 3
     assert final["session"]["audio_s"] == pytest.approx(sum(len(e) for e in expected) / NATIVE_RATE, abs=1e-3)
@@ -248,7 +249,7 @@ def test_flush_speaks_a_trailing_fragment(server: Server) -> None:
     quiet, utterance, error = session(server, body)
     assert quiet
     (expected,) = engine_pcm([Job([text], seed=5)])
-    assert np.array_equal(utterance.samples, expected)
+    assert same_speech(utterance.samples, expected)
     assert error["type"] == "error" and error["code"] == "empty_input"
 
 
@@ -278,7 +279,7 @@ def test_resampled_rates(server: Server, rate: int) -> None:
     assert started["sample_rate"] == rate and utterance.event("audio_start")["sample_rate"] == rate
     native, resampled = engine_pcm([Job([SENTENCE], seed=9), Job([SENTENCE], seed=9, sample_rate=rate)])
     assert abs(len(utterance.samples) / rate - len(native) / NATIVE_RATE) < 0.01
-    assert np.array_equal(utterance.samples, resampled)
+    assert same_speech(utterance.samples, resampled)
     assert utterance.event("done")["audio_s"] == pytest.approx(len(resampled) / rate, abs=1e-3)
 
 
@@ -319,7 +320,7 @@ def test_cancel_stops_audio_within_a_chunk_and_new_text_works(server: Server) ->
     done = utterance.event("done")
     assert done["utterance"] == 1 and done["final"] is False
     (expected,) = engine_pcm([Job(["Good morning."], seed=1)])
-    assert np.array_equal(utterance.samples, expected)
+    assert same_speech(utterance.samples, expected)
 
 
 def test_cancel_after_end_stops_and_closes(server: Server) -> None:
@@ -428,7 +429,7 @@ def test_bad_messages_get_error_events_and_the_connection_stays_usable(server: S
     done = utterance.event("done")
     assert done["utterance"] == 1 and done["segments"] == 1  # utterance 0 was the unspeakable one
     (expected,) = engine_pcm([Job(["Good morning."], seed=2)])
-    assert np.array_equal(utterance.samples, expected)
+    assert same_speech(utterance.samples, expected)
 
 
 def test_text_over_the_limit_is_refused_per_utterance(small_server: Server) -> None:
@@ -479,5 +480,5 @@ def test_over_capacity_gives_an_overloaded_event(small_server: Server) -> None:
     done = spoken_b.event("done")
     assert done["utterance"] == 0 and done["segments"] == 1  # the refused text opened no utterance
     (expected,) = engine_pcm([Job(["Good morning."], seed=1)])
-    assert np.array_equal(spoken_b.samples, expected)
+    assert same_speech(spoken_b.samples, expected)
     assert small_server.metric("rtvoice_rejected_streams_total") >= 1

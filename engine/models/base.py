@@ -10,8 +10,9 @@ only its weights, so nothing is shared between requests.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,45 @@ class Step:
     batch_key: Hashable
     payload: Any
     session: VoiceSession = field(repr=False)
+    size: int = 1
+    """How much work the step is, in the voice's unit for its kind (frames, characters, tokens): what its
+    cost grows with. The engine learns each kind's cost as a function of it."""
+    until_audio: tuple[tuple[str, int], ...] = ()
+    """The steps (kind, size) that must follow this one before its stream has new audio; empty when this
+    step releases audio itself (or the voice does not say)."""
+
+
+CostEstimate = Callable[[str, int], float]
+"""Estimated seconds of one call of a step kind and size, as measured on this machine (0 when unknown)."""
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """What the scheduler allows the next step of one stream, from costs measured where it runs."""
+
+    call_s: float
+    """Longest the call may hold a runner slot without another listener running out of audio."""
+    due_s: float | None
+    """Seconds until this stream's listener runs out of audio; None while it owes its first audio."""
+    cost: CostEstimate
+    safety: float = 1.0
+    """Estimates are multiplied by this before they are compared with ``call_s`` and ``due_s``."""
+    load: float = 0.0
+    """Share of the machine's measured capacity the admitted streams need (0 when unknown): the nearer
+    to 1, the more a step must make of its call, so that the machine keeps up."""
+    behind: bool = False
+    """Other listeners run dry whatever this call is: the machine is behind, and small steps keep it there."""
+
+    def call_fits(self, call_s: float) -> bool:
+        return call_s * self.safety <= self.call_s
+
+    def due_fits(self, to_audio_s: float) -> bool:
+        """Whether new audio ``to_audio_s`` after the step starts comes before the listener runs out."""
+        return self.due_s is None or to_audio_s * self.safety <= self.due_s
+
+
+SMALLEST = StepBudget(call_s=0.0, due_s=0.0, cost=lambda kind, size: math.inf)
+"""A budget nothing fits: sessions plan their smallest step."""
 
 
 class VoiceSession(ABC):
@@ -60,6 +100,11 @@ class VoiceSession(ABC):
     @abstractmethod
     def next_step(self) -> Step | None:
         """The step this session needs next, or None when it is waiting for text (or done)."""
+
+    def plan_step(self, budget: StepBudget) -> Step | None:
+        """The next step sized to ``budget`` (the largest that fits, else the smallest); like ``next_step``,
+        it changes nothing. Sessions whose steps have one size keep this default."""
+        return self.next_step()
 
     @abstractmethod
     def complete(self, step: Step, result: Any) -> np.ndarray | None:
@@ -85,6 +130,21 @@ class Voice(ABC):
     def max_batch(self, kind: str) -> int:
         """Most steps of ``kind`` worth putting in one call (measured per model and device)."""
         return 1 << 16
+
+    def compute_per_audio_s(self, cost: CostEstimate) -> float | None:
+        """Compute seconds per second of audio at this voice's most efficient step sizes, from ``cost``; None
+        when the voice cannot tell (the engine then uses the real-time factor it measured)."""
+        return None
+
+    def largest_step_audio_s(self) -> float | None:
+        """Audio one step of the largest size releases (what a listener must have buffered for the machine to
+        serve every stream once at that size under full load); None when the voice's steps have no such size."""
+        return None
+
+    @property
+    def cost_key(self) -> Hashable:
+        """What the engine learns call costs per: voices that share weights share costs (default: the model)."""
+        return self.info.model
 
     def validate(self, options: SynthesisOptions) -> None:
         """Raise ValueError when this voice cannot honour ``options``."""

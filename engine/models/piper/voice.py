@@ -11,6 +11,7 @@ by a few samples, joined with a Hamming cross-fade.
 from __future__ import annotations
 
 import json
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,23 +24,22 @@ from piper.config import PiperConfig
 from piper.voice import PiperVoice as PiperPhonemizer
 
 from rtvoice.engine.audio.pcm import hamming_crossfade
-from rtvoice.engine.models.base import Step, SynthesisOptions, Voice, VoiceInfo, VoiceSession
+from rtvoice.engine.models.base import (
+    CostEstimate,
+    Step,
+    StepBudget,
+    SynthesisOptions,
+    Voice,
+    VoiceInfo,
+    VoiceSession,
+)
 from rtvoice.engine.models.piper import graph
+from rtvoice.engine.models.piper.plan import ChunkPlan, DecodeChunk, Geometry, Planner, Progress
 
 
-RAMP_GROWTH = 4
-"""Chunk sizes grow by this factor from the first chunk to ``chunk_ms``: few small chunks (each pays the
-decoder's context frames), measured better under load than doubling."""
-
-
-@dataclass(frozen=True)
-class ChunkPlan:
-    """Chunk sizes in milliseconds of audio; the voice converts them to frames."""
-
-    first_chunk_ms: int = 120
-    chunk_ms: int = 1000
-    flow_chunk_ms: int = 3000
-    crossfade_ms: float = 12.0
+TYPICAL_SEGMENT_CHARS = 100
+"""A segment of this many characters stands for all in the steady-cost estimate (encoder cost per character
+falls slightly with length)."""
 
 
 @dataclass
@@ -77,14 +77,16 @@ class DecodeJob:
 @dataclass
 class _Segment:
     text: str
-    ramp: bool
     frames: int = -1
     frame_inputs: dict[str, np.ndarray] = field(default_factory=dict)
     latent: np.ndarray | None = None
     flowed: int = 0
     decoded: int = 0
-    chunks: int = 0
     tail: np.ndarray | None = None
+
+    @property
+    def progress(self) -> Progress:
+        return Progress(self.frames, self.flowed, self.decoded)
 
 
 def _session_options(intra_op_threads: int) -> onnxruntime.SessionOptions:
@@ -138,10 +140,25 @@ class PiperVoice(Voice):
         self.decoder = onnxruntime.InferenceSession(self.graphs.decoder.model, options, providers=providers)
 
         frame_ms = 1000 * self.hop / self.info.sample_rate
-        self.first_chunk_frames = max(1, round(plan.first_chunk_ms / frame_ms))
-        self.chunk_frames = max(self.first_chunk_frames, round(plan.chunk_ms / frame_ms))
-        self.flow_chunk_frames = max(self.chunk_frames, round(plan.flow_chunk_ms / frame_ms))
-        self.overlap_frames = max(1, round(plan.crossfade_ms / frame_ms)) if plan.crossfade_ms > 0 else 0
+        self.geometry = Geometry.of(plan, frame_ms, self.flow_context, self.decoder_context)
+        self.planner = Planner(self.geometry)
+        self.frames_per_char: float | None = None
+        """Frames of speech per character of text, from the warm-up sentence (for the encoder's share of cost)."""
+
+    @property
+    def cost_key(self) -> str:
+        return self.info.id  # every Piper voice has weights of its own
+
+    def largest_step_audio_s(self) -> float | None:
+        return self.geometry.max_chunk * self.hop / self.info.sample_rate
+
+    def compute_per_audio_s(self, cost: CostEstimate) -> float | None:
+        per_frame = self.planner.compute_per_frame(cost)
+        if per_frame <= 0:
+            return None  # nothing measured yet
+        if self.frames_per_char:
+            per_frame += cost("encode", TYPICAL_SEGMENT_CHARS) / (TYPICAL_SEGMENT_CHARS * self.frames_per_char)
+        return per_frame * self.info.sample_rate / self.hop
 
     # -- sessions -----------------------------------------------------------------------------
 
@@ -244,10 +261,13 @@ class PiperVoice(Voice):
         return list(audio.reshape(len(jobs), -1))
 
     def warmup(self) -> None:
+        text = "Warming up the voice, and measuring how long its speech is."
         session = self.open_session(SynthesisOptions(seed=0))
-        session.add_segment("Warming up the voice.")
+        session.add_segment(text)
         while (step := session.next_step()) is not None:
             (result,) = self.run(step.kind, [step.payload])
+            if step.kind == "encode":
+                self.frames_per_char = result.frames / len(text)
             session.complete(step, result)
 
 
@@ -258,31 +278,25 @@ class PiperSession(VoiceSession):
         self.length_scale = voice.config.length_scale / options.speed
         self.pending: deque[_Segment] = deque()
         self.current: _Segment | None = None
+        self.owes_audio = False
+        """True from a segment added while nothing was being synthesised until its first audio."""
 
     @property
     def idle(self) -> bool:
         return self.current is None and not self.pending
 
     def add_segment(self, text: str) -> None:
-        # A segment that arrives while nothing is playing starts with a small
-        # chunk again (time to first audio); queued ones go straight to full chunks.
-        self.pending.append(_Segment(text=text, ramp=self.idle))
-
-    def _chunk_size(self, segment: _Segment) -> int:
-        v = self.voice
-        if not segment.ramp:
-            return v.chunk_frames
-        return min(v.chunk_frames, v.first_chunk_frames * RAMP_GROWTH**segment.chunks)
-
-    def _chunk_end(self, segment: _Segment) -> int:
-        size = self._chunk_size(segment)
-        end = segment.decoded + size
-        # Fold a short remainder into this chunk rather than paying a call for it.
-        if segment.frames - end < size // 2:
-            end = segment.frames
-        return min(end, segment.frames)
+        if self.idle:
+            self.owes_audio = True
+        self.pending.append(_Segment(text=text))
 
     def next_step(self) -> Step | None:
+        """The plan without a scheduler's budget: a small first chunk, then windows and chunks at their caps."""
+        unbounded = StepBudget(call_s=math.inf, due_s=None if self.owes_audio else math.inf,
+                               cost=lambda kind, size: 0.0)
+        return self.plan_step(unbounded)
+
+    def plan_step(self, budget: StepBudget) -> Step | None:
         # Pure: it describes the next step without changing the session, so the
         # scheduler may ask every stream and schedule only some of them.
         v = self.voice
@@ -298,30 +312,23 @@ class PiperSession(VoiceSession):
             )
             # Batch keys carry a size bucket: padding a short step to a long one's length would slow the short one.
             size_bucket = len(job.text) // 64
-            return Step("encode", ("encode", v.info.id, self.length_scale, size_bucket), job, self)
+            return Step("encode", ("encode", v.info.id, self.length_scale, size_bucket), job, self, size=len(job.text),
+                        until_audio=(("flow", v.planner.first_window_size()),
+                                     ("decode", v.planner.first_chunk_size())))
         segment = self.current
-        end = self._chunk_end(segment)
-        needed = min(segment.frames, end + v.overlap_frames + v.decoder_context)
-        if segment.flowed >= needed:
-            start = max(0, segment.decoded - v.decoder_context)
-            latent = segment.latent[:, start:needed]  # type: ignore[index]
-            return Step("decode", ("decode", v.info.id, latent.shape[-1]), DecodeJob(latent, start, end), self)
-        # A ramping segment's first window covers just its first chunk (time to
-        # first audio); every later window is large, so the flow's context frames
-        # are paid rarely (per-window windows during the ramp cost more under load
-        # than they save in latency). A short remainder joins the window.
-        window = 0 if segment.ramp and segment.flowed == 0 else v.flow_chunk_frames
-        window_end = max(needed, segment.flowed + window)
-        if segment.frames - window_end < window // 2:
-            window_end = segment.frames
-        window_end = min(segment.frames, window_end)
-        lo = max(0, segment.flowed - v.flow_context)
-        hi = min(segment.frames, window_end + v.flow_context)
+        action = v.planner.next(segment.progress, budget)
+        if isinstance(action, DecodeChunk):
+            latent = segment.latent[:, action.lo: action.hi]  # type: ignore[index]
+            return Step("decode", ("decode", v.info.id, action.size), DecodeJob(latent, action.lo, action.end), self,
+                        size=action.size)
         inputs = {
-            name: (value[:, lo:hi] if value.ndim == 2 else value) for name, value in segment.frame_inputs.items()
+            name: (value[:, action.lo: action.hi] if value.ndim == 2 else value)
+            for name, value in segment.frame_inputs.items()
         }
-        job = FlowJob(inputs=inputs, keep_from=segment.flowed - lo, keep_frames=window_end - segment.flowed)
-        return Step("flow", ("flow", v.info.id, (hi - lo) // 32), job, self)
+        job = FlowJob(inputs=inputs, keep_from=action.start - action.lo, keep_frames=action.end - action.start)
+        then = v.planner.chunk(segment.progress, v.planner.chunk_end(segment.progress, v.geometry.first_chunk))
+        return Step("flow", ("flow", v.info.id, action.size // 32), job, self, size=action.size,
+                    until_audio=(("decode", then.size),))
 
     def complete(self, step: Step, result: Any) -> np.ndarray | None:
         if step.kind == "encode":
@@ -352,9 +359,9 @@ class PiperSession(VoiceSession):
             overlap = min(len(segment.tail), len(body))
             body[:overlap] = hamming_crossfade(segment.tail[:overlap], body[:overlap])
         tail_from = (end - segment.decoded) * hop
-        segment.tail = audio[tail_from: tail_from + self.voice.overlap_frames * hop]
+        segment.tail = audio[tail_from: tail_from + self.voice.geometry.overlap * hop]
         segment.decoded = end
-        segment.chunks += 1
+        self.owes_audio = False
         if end >= segment.frames:
             self.current = None
             self.segments_done += 1

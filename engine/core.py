@@ -1,0 +1,108 @@
+"""The engine loop: schedule, execute, update.
+
+Each time a runner slot is free it asks the scheduler for the next batch (``pick_batch``), runs it
+on the model runner off the event loop, and hands the output back (``complete``, or ``fail`` when
+the call raised), which wakes the loop again. Streams wake it too, when they get text, are
+cancelled, or their client catches up.
+
+At start it also runs each voice's steps through the runner once, smallest and largest sizes, so
+the scheduler's cost estimates are measured before the first request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+
+from rtvoice.engine.models.base import SMALLEST, StepBudget, SynthesisOptions, Voice, VoiceSession
+from rtvoice.engine.runner import ModelRunner
+from rtvoice.engine.scheduler import Batch, Scheduler
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_SEGMENTS = ("Warming up.", "Then a longer sentence to measure the voice, with a clause in it.")
+"""Two lengths, so that even the steps sized by their text are measured at two sizes."""
+CALIBRATION_MAX_STEPS = 64
+"""Enough for every kind of step of a short sentence (a CosyVoice2 LM makes a few dozen tokens first)."""
+_LARGEST = StepBudget(call_s=math.inf, due_s=math.inf, cost=lambda kind, size: 0.0)
+
+
+class EngineCore:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._calls: set[asyncio.Task[None]] = set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="rtvoice-engine-loop")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self.scheduler.cancel_all()
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                self._schedule()
+            except Exception:  # a scheduling bug must not take every stream down with it
+                log.exception("scheduler iteration failed")
+
+    def _schedule(self) -> None:
+        self.scheduler.release()
+        while (batch := self.scheduler.pick_batch()) is not None:
+            call = asyncio.get_running_loop().create_task(self._execute(batch))
+            self._calls.add(call)
+            call.add_done_callback(self._calls.discard)
+
+    async def _execute(self, batch: Batch) -> None:
+        try:
+            output = await self.runner.run(batch.voice, batch.kind, batch.payloads)
+        except Exception as error:
+            log.exception("%s call failed", batch.kind)
+            self.scheduler.fail(batch, error)
+        else:
+            self.scheduler.complete(batch, output)
+        finally:
+            self.wake()
+
+    async def calibrate(self, voices: list[Voice]) -> None:
+        """Measure each cost key's calls once, at the smallest and the largest step sizes."""
+        seen = set()
+        for voice in voices:
+            if voice.cost_key in seen:
+                continue
+            seen.add(voice.cost_key)
+            session = voice.open_session(SynthesisOptions(seed=0))
+            budgets = [SMALLEST]
+            if type(session).plan_step is not VoiceSession.plan_step:  # its steps come in sizes
+                budgets.append(_LARGEST)
+            for budget in budgets:
+                await self._calibrate(voice, budget)
+
+    async def _calibrate(self, voice: Voice, budget: StepBudget) -> None:
+        costs = self.scheduler.costs
+        session = voice.open_session(SynthesisOptions(seed=0))
+        for text in CALIBRATION_SEGMENTS:
+            session.add_segment(text)
+        for _ in range(CALIBRATION_MAX_STEPS):
+            step = session.plan_step(budget)
+            if step is None:
+                return
+            output = await self.runner.run(voice, step.kind, [step.payload])
+            costs.observe_call(voice.cost_key, step.kind, step.size, output.seconds)
+            audio = session.complete(step, output.results[0])
+            audio_s = 0.0 if audio is None else len(audio) / voice.info.sample_rate
+            costs.observe_output(voice.cost_key, output.seconds, audio_s)

@@ -1,0 +1,106 @@
+"""Costs learned where the engine runs: seconds per model call, and compute per second of audio.
+
+Every call the runner makes is timed, and its time feeds a fit per cost key (the voice's weights)
+and step kind: ``seconds ≈ fixed + per_unit × size``, by least squares in which recent calls weigh
+most, so the fit follows the machine as its speed or load changes. The engine seeds the fits with
+timed warm-up calls, so the first request already has estimates. The real-time factor (compute
+seconds per second of audio) of each key is tracked the same way; with the number of runner slots
+it gives the capacity admission compares demand with.
+
+Nothing here knows a machine's speed: every number comes from measured calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from rtvoice.engine.models.base import CostEstimate
+
+CALL_HALF_LIFE = 16
+"""A call's weight in its fit halves after this many later calls of the same kind."""
+AUDIO_HALF_LIFE_S = 60.0
+"""A real-time factor's memory: the weight of past work halves with every this many seconds of audio made."""
+
+
+@dataclass
+class LinearFit:
+    """Recency-weighted least squares of ``y ≈ a + b x`` with a, b ≥ 0."""
+
+    half_life: float = CALL_HALF_LIFE
+    w: float = 0.0
+    wx: float = 0.0
+    wy: float = 0.0
+    wxx: float = 0.0
+    wxy: float = 0.0
+    observations: int = 0
+
+    def observe(self, x: float, y: float) -> None:
+        keep = 0.5 ** (1 / self.half_life)
+        self.w = self.w * keep + 1
+        self.wx = self.wx * keep + x
+        self.wy = self.wy * keep + y
+        self.wxx = self.wxx * keep + x * x
+        self.wxy = self.wxy * keep + x * y
+        self.observations += 1
+
+    def coefficients(self) -> tuple[float, float]:
+        mean_x, mean_y = self.wx / self.w, self.wy / self.w
+        var_x = self.wxx / self.w - mean_x * mean_x
+        if var_x > (0.05 * mean_x) ** 2:  # sizes spread enough to tell the fixed part from the slope
+            slope = (self.wxy / self.w - mean_x * mean_y) / var_x
+            fixed = mean_y - slope * mean_x
+            if fixed >= 0 and slope >= 0:
+                return fixed, slope
+            if slope < 0:
+                return mean_y, 0.0
+        if mean_x <= 0:
+            return mean_y, 0.0
+        # One size seen (or a negative fixed part): proportional through the origin.
+        return 0.0, self.wxy / self.wxx
+
+    def predict(self, x: float) -> float:
+        fixed, slope = self.coefficients()
+        return fixed + slope * x
+
+
+@dataclass
+class RatioFit:
+    """Compute seconds per second of audio, forgetting by audio made."""
+
+    compute_s: float = 0.0
+    audio_s: float = 0.0
+
+    def observe(self, compute_s: float, audio_s: float) -> None:
+        keep = 0.5 ** (audio_s / AUDIO_HALF_LIFE_S)
+        self.compute_s = self.compute_s * keep + compute_s
+        self.audio_s = self.audio_s * keep + audio_s
+
+    @property
+    def value(self) -> float | None:
+        return self.compute_s / self.audio_s if self.audio_s > 0 else None
+
+
+class CostModel:
+    def __init__(self) -> None:
+        self._calls: dict[tuple[Hashable, str], LinearFit] = {}
+        self._rtf: dict[Hashable, RatioFit] = {}
+
+    def observe_call(self, key: Hashable, kind: str, size: int, seconds: float) -> None:
+        self._calls.setdefault((key, kind), LinearFit()).observe(float(size), seconds)
+
+    def call_s(self, key: Hashable, kind: str, size: int) -> float:
+        """Estimated seconds of one call; 0 for a kind never measured."""
+        fit = self._calls.get((key, kind))
+        return fit.predict(float(size)) if fit is not None else 0.0
+
+    def estimator(self, key: Hashable) -> CostEstimate:
+        return lambda kind, size: self.call_s(key, kind, size)
+
+    def observe_output(self, key: Hashable, compute_s: float, audio_s: float) -> None:
+        self._rtf.setdefault(key, RatioFit()).observe(compute_s, audio_s)
+
+    def real_time_factor(self, key: Hashable) -> float | None:
+        """Compute seconds per second of audio made, lately; None before any audio."""
+        fit = self._rtf.get(key)
+        return fit.value if fit is not None else None

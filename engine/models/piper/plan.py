@@ -1,0 +1,278 @@
+"""The chunk plan of a Piper segment: which flow window or decoder chunk comes next, and how large.
+
+A segment's frames go through the flow in windows and through the decoder in chunks; each window
+and chunk carries context frames on both sides, so larger ones pay that context (and the call's
+fixed cost) more rarely. The plan takes the largest window or chunk that fits the scheduler's
+budget, which comes from costs measured on this machine: the call must not hold its runner slot
+for longer than other listeners can wait, and this stream's next audio must come before its own
+listener runs out. A stream that still owes its first audio always takes the smallest first chunk.
+
+Frames are counted in the voice's hop (one latent frame per ``hop`` samples). Nothing here runs a
+model, so the fake voice of the scheduler tests plans with the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from rtvoice.engine.models.base import CostEstimate, StepBudget
+
+
+RAMP_GROWTH = 1.5
+"""Chunks must be able to grow at least this much from the first one on, or a stream never gets ahead."""
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """Sizes in milliseconds of audio, from the settings; the voice converts them to frames."""
+
+    first_chunk_ms: int = 120
+    chunk_ms: int = 1000
+    """The largest decoder chunk."""
+    flow_chunk_ms: int = 3000
+    """The largest flow window."""
+    crossfade_ms: float = 12.0
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """One voice's plan in frames."""
+
+    first_chunk: int
+    max_chunk: int
+    max_window: int
+    overlap: int
+    """Frames neighbouring chunks share (joined with a cross-fade)."""
+    flow_context: int
+    decoder_context: int
+    frame_s: float
+    """Seconds of audio per frame."""
+
+    @classmethod
+    def of(cls, plan: ChunkPlan, frame_ms: float, flow_context: int, decoder_context: int) -> Geometry:
+        first = max(1, round(plan.first_chunk_ms / frame_ms))
+        largest = max(first, round(plan.chunk_ms / frame_ms))
+        return cls(
+            first_chunk=first,
+            max_chunk=largest,
+            max_window=max(largest, round(plan.flow_chunk_ms / frame_ms)),
+            overlap=max(1, round(plan.crossfade_ms / frame_ms)) if plan.crossfade_ms > 0 else 0,
+            flow_context=flow_context,
+            decoder_context=decoder_context,
+            frame_s=frame_ms / 1000,
+        )
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far one segment got."""
+
+    frames: int
+    flowed: int
+    """Latent frames made so far."""
+    decoded: int
+    """Frames whose audio is final."""
+
+
+@dataclass(frozen=True)
+class FlowWindow:
+    lo: int
+    """First input frame (left context included)."""
+    hi: int
+    """End of the input frames (right context included)."""
+    start: int
+    """First latent frame this window keeps."""
+    end: int
+    """End of the latent frames it keeps."""
+
+    kind = "flow"
+
+    @property
+    def size(self) -> int:
+        return self.hi - self.lo
+
+
+@dataclass(frozen=True)
+class DecodeChunk:
+    lo: int
+    """First latent frame given to the decoder (left context included)."""
+    hi: int
+    """End of the latent frames given (cross-fade tail and right context included)."""
+    start: int
+    """First frame whose audio this chunk makes final."""
+    end: int
+    """Frame where this chunk's final audio stops."""
+
+    kind = "decode"
+
+    @property
+    def size(self) -> int:
+        return self.hi - self.lo
+
+
+class Planner:
+    def __init__(self, geometry: Geometry) -> None:
+        self.g = geometry
+
+    # -- shapes -------------------------------------------------------------------------------------
+
+    def latent_needed(self, p: Progress, end: int) -> int:
+        """Latent frames a chunk ending at ``end`` needs: its cross-fade tail and the decoder's context."""
+        return min(p.frames, end + self.g.overlap + self.g.decoder_context)
+
+    def chunk(self, p: Progress, end: int) -> DecodeChunk:
+        return DecodeChunk(max(0, p.decoded - self.g.decoder_context), self.latent_needed(p, end), p.decoded, end)
+
+    def window(self, p: Progress, end: int) -> FlowWindow:
+        return FlowWindow(max(0, p.flowed - self.g.flow_context), min(p.frames, end + self.g.flow_context),
+                          p.flowed, end)
+
+    def chunk_end(self, p: Progress, frames: int) -> int:
+        """End of a chunk of ``frames``; a remainder under half of it joins it (when its latent is there)
+        rather than paying a call."""
+        end = min(p.frames, p.decoded + frames)
+        if p.frames - end < frames // 2 and (p.flowed >= p.frames or p.flowed == 0):
+            end = p.frames
+        return end
+
+    def window_end(self, p: Progress, frames: int) -> int:
+        """End of a flow window of ``frames``; a short remainder joins it rather than paying the context again."""
+        end = min(p.frames, p.flowed + frames)
+        if p.frames - end < frames // 2:
+            end = p.frames
+        return end
+
+    def first_chunk_size(self) -> int:
+        """Latent frames of a segment's smallest first chunk (for estimates before the segment is encoded)."""
+        return self.g.first_chunk + self.g.overlap + self.g.decoder_context
+
+    def first_window_size(self) -> int:
+        return self.g.first_chunk + self.g.overlap + self.g.decoder_context + self.g.flow_context
+
+    def first_chunk_frames(self, budget: StepBudget) -> int:
+        """Frames of a first chunk: the configured size, or more where the machine is too slow to grow from it.
+
+        A stream grows its chunks only if each chunk's audio lasts longer than making the next, larger one
+        (its flow window and its decode, with the safety factor); the first chunk is the smallest size from
+        which they can grow by ``RAMP_GROWTH`` (the largest when none can: the machine is that slow).
+        """
+        g = self.g
+
+        def grows(n: int) -> bool:
+            after = round(RAMP_GROWTH * n)
+            window = after + g.overlap + g.decoder_context + 2 * g.flow_context
+            chunk = after + g.overlap + 2 * g.decoder_context
+            return budget.safety * (budget.cost("flow", window) + budget.cost("decode", chunk)) <= n * g.frame_s
+
+        frames = _smallest(g.first_chunk, g.max_chunk, grows)
+        return frames if grows(frames) else g.max_chunk
+
+    def compute_per_frame(self, cost: CostEstimate) -> float:
+        """Compute seconds per frame of audio at the largest window and chunk (the voice's steady cost)."""
+        g = self.g
+        decode = cost("decode", g.max_chunk + g.overlap + 2 * g.decoder_context) / g.max_chunk
+        flow = cost("flow", g.max_window + 2 * g.flow_context) / g.max_window
+        return decode + flow
+
+    # -- the plan -----------------------------------------------------------------------------------
+
+    def next(self, p: Progress, budget: StepBudget) -> FlowWindow | DecodeChunk:
+        """The next window or chunk of a segment with frames left, sized to ``budget``.
+
+        Before its first audio a stream takes the smallest first chunk. After it, the size is the largest
+        that fits the call budget and this stream's own buffer; but never below the size at which the
+        machine keeps up with its load (each frame may cost at most ``1 / (load × safety)`` times what it
+        costs at the largest size), unless the stream's own buffer cannot wait for that.
+        """
+        first = budget.due_s is None
+        smallest = self.chunk(p, self.chunk_end(p, self.first_chunk_frames(budget) if first else self.g.first_chunk))
+        if p.flowed >= smallest.hi:
+            if first:
+                return smallest
+            # Frames a chunk may cover with the latent made so far.
+            room = p.frames - p.decoded if p.flowed >= p.frames else p.flowed - self.g.overlap - \
+                self.g.decoder_context - p.decoded
+            largest = max(self.g.first_chunk, min(self.g.max_chunk, room))
+            g = self.g
+            steady = (g.max_chunk, g.max_chunk + g.overlap + 2 * g.decoder_context)
+            return _choose(lambda n: self.chunk(p, self.chunk_end(p, n)), self.g.first_chunk, largest,
+                           lambda chunk: 0.0, steady, budget)
+        least = self.window(p, smallest.hi)
+        if first:
+            return least  # first audio: just what the first chunk needs
+        then = budget.cost("decode", smallest.size)
+        g = self.g
+        steady = (g.max_window, g.max_window + 2 * g.flow_context)
+        largest = max(smallest.hi - p.flowed, min(g.max_window, p.frames - p.flowed))
+        return _choose(lambda n: self.window(p, self.window_end(p, n)), smallest.hi - p.flowed, largest,
+                       lambda window: then, steady, budget)
+
+
+Action = TypeVar("Action", FlowWindow, DecodeChunk)
+
+
+def _choose(build: Callable[[int], Action], low: int, high: int, then: Callable[[Action], float],
+            steady: tuple[int, int], budget: StepBudget) -> Action:
+    """The window or chunk of ``low``..``high`` frames that ``Planner.next`` describes.
+
+    ``then``: seconds of the steps that must follow before audio; ``steady``: (frames, size) of the largest.
+    """
+    kind = build(low).kind
+    cost = budget.cost
+
+    def seconds(action: Action) -> float:
+        return cost(kind, action.size)
+
+    def own(n: int) -> bool:
+        action = build(n)
+        return budget.due_fits(seconds(action) + then(action))
+
+    def call(n: int) -> bool:
+        return own(n) and budget.call_fits(seconds(build(n)))
+
+    chosen = _largest(low, high, call)
+    if budget.load > 0:
+        steady_frames, steady_size = steady
+        limit = cost(kind, steady_size) / steady_frames / (budget.load * budget.safety)
+
+        def efficient(n: int) -> bool:
+            action = build(n)
+            return seconds(action) / max(1, action.end - action.start) <= limit
+
+        floor = _smallest(low, high, efficient)
+        # The floor gives way to this stream's own buffer, unless the machine is behind: then small steps
+        # would only keep it there.
+        chosen = max(chosen, floor if budget.behind else min(floor, _largest(low, high, own)))
+    return build(max(low, chosen))
+
+
+def _largest(low: int, high: int, fits: Callable[[int], bool]) -> int:
+    """The largest n in [low, high] with fits(n) (fits holds up to some n and not past it); 0 when none."""
+    if high < low or not fits(low):
+        return 0
+    if fits(high):
+        return high
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _smallest(low: int, high: int, fits: Callable[[int], bool]) -> int:
+    """The smallest n in [low, high] with fits(n) (fits fails up to some n and holds past it); high when none."""
+    if high <= low or fits(low):
+        return low
+    if not fits(high):
+        return high
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            high = middle
+        else:
+            low = middle
+    return high

@@ -1,0 +1,215 @@
+"""A Piper-shaped voice without a model, and a simulated engine loop with a clock the test moves.
+
+``FakeVoice`` plans its segments with Piper's own chunk plan (``engine/models/piper/plan.py``): an
+encode step, flow windows and decoder chunks with context frames, but its calls compute nothing;
+each kind costs ``fixed + per_unit × size`` seconds of simulated time, so a test sets how fast the
+machine is. ``Simulation`` drives the real ``Scheduler`` the way ``engine/core.py`` does (pick a
+batch while a slot is free, run it, complete it), with calls ending in simulated time: no threads,
+no sleeping, the same decisions on every run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rtvoice.engine.core import EngineCore
+from rtvoice.engine.metrics import Metrics
+from rtvoice.engine.models.base import CostEstimate, Step, StepBudget, SynthesisOptions, Voice, VoiceInfo, VoiceSession
+from rtvoice.engine.models.piper.plan import ChunkPlan, DecodeChunk, Geometry, Planner, Progress
+from rtvoice.engine.runner import BatchOutput
+from rtvoice.engine.scheduler import Batch, Limits, Scheduler
+from rtvoice.engine.stream import SpeechStream
+from rtvoice.engine.text import Segmenter
+
+SAMPLE_RATE = 22050
+HOP = 256
+FRAME_S = HOP / SAMPLE_RATE
+FRAMES_PER_CHAR = 5
+"""About 58 ms of speech per character, as Piper's English voices speak."""
+
+
+@dataclass
+class Costs:
+    """Seconds of one call: ``fixed + per_unit × size`` per kind (sizes as Piper's steps count them)."""
+
+    fixed: dict[str, float] = field(default_factory=lambda: {"encode": 0.004, "flow": 0.002, "decode": 0.003})
+    per_unit: dict[str, float] = field(default_factory=lambda: {"encode": 0.0004, "flow": 0.00012,
+                                                                  "decode": 0.0009})
+    scale: float = 1.0
+
+    def __call__(self, kind: str, size: int) -> float:
+        return self.scale * (self.fixed[kind] + self.per_unit[kind] * size)
+
+
+class FakeVoice(Voice):
+    def __init__(self, costs: Costs | None = None, plan: ChunkPlan = ChunkPlan(), voice_id: str = "fake") -> None:
+        self.info = VoiceInfo(id=voice_id, name=voice_id, language="en", sample_rate=SAMPLE_RATE, model="fake")
+        self.costs = costs or Costs()
+        frame_ms = 1000 * FRAME_S
+        self.geometry = Geometry.of(plan, frame_ms, flow_context=32, decoder_context=11)
+        self.planner = Planner(self.geometry)
+
+    def open_session(self, options: SynthesisOptions) -> FakeSession:
+        return FakeSession(self)
+
+    def largest_step_audio_s(self) -> float | None:
+        return self.geometry.max_chunk * FRAME_S
+
+    def compute_per_audio_s(self, cost: CostEstimate) -> float | None:
+        per_frame = self.planner.compute_per_frame(cost)
+        if per_frame <= 0:
+            return None
+        per_frame += cost("encode", 100) / (100 * FRAMES_PER_CHAR)
+        return per_frame / FRAME_S
+
+    def max_batch(self, kind: str) -> int:
+        return {"encode": 1 << 16}.get(kind, 1)
+
+    def call_s(self, kind: str, payloads: list[Any]) -> float:
+        """Simulated seconds of one call."""
+        size = sum(len(p) if kind == "encode" else p.size for p in payloads)
+        return self.costs(kind, size)
+
+    def run(self, kind: str, payloads: list[Any]) -> list[Any]:
+        if kind == "encode":
+            return [len(text) * FRAMES_PER_CHAR for text in payloads]
+        if kind == "flow":
+            return [None for _ in payloads]
+        return [np.full((chunk.end - chunk.start) * HOP, 0.1, dtype=np.float32) for chunk in payloads]
+
+
+class FakeSession(VoiceSession):
+    def __init__(self, voice: FakeVoice) -> None:
+        self.voice = voice
+        self.pending: list[str] = []
+        self.progress: Progress | None = None
+        self.chunks: list[int] = []
+        """Frames of each decoder chunk, in order."""
+
+    @property
+    def idle(self) -> bool:
+        return self.progress is None and not self.pending
+
+    def add_segment(self, text: str) -> None:
+        self.pending.append(text)
+
+    def next_step(self) -> Step | None:
+        raise AssertionError("the scheduler plans with budgets")
+
+    def plan_step(self, budget: StepBudget) -> Step | None:
+        planner = self.voice.planner
+        if self.progress is None:
+            if not self.pending:
+                return None
+            text = self.pending[0]
+            return Step("encode", ("encode",), text, self, size=len(text),
+                        until_audio=(("flow", planner.first_window_size()), ("decode", planner.first_chunk_size())))
+        action = planner.next(self.progress, budget)
+        if isinstance(action, DecodeChunk):
+            return Step("decode", ("decode", action.size), action, self, size=action.size)
+        then = planner.chunk(self.progress, planner.chunk_end(self.progress, self.voice.geometry.first_chunk))
+        return Step("flow", ("flow", action.size), action, self, size=action.size, until_audio=(("decode", then.size),))
+
+    def complete(self, step: Step, result: Any) -> np.ndarray | None:
+        if step.kind == "encode":
+            self.pending.pop(0)
+            self.progress = Progress(result, 0, 0)
+            return None
+        assert self.progress is not None
+        p = self.progress
+        if step.kind == "flow":
+            self.progress = Progress(p.frames, step.payload.end, p.decoded)
+            return None
+        self.chunks.append(step.payload.end - step.payload.start)
+        self.progress = Progress(p.frames, p.flowed, step.payload.end)
+        if step.payload.end >= p.frames:
+            self.progress = None
+            self.segments_done += 1
+        return result
+
+
+class SimulatedRunner:
+    """Runs a call at once and says it took what the voice's costs say (for ``EngineCore.calibrate``)."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+
+    async def run(self, voice: FakeVoice, kind: str, payloads: list[Any]) -> BatchOutput:
+        return BatchOutput(voice.run(kind, payloads), voice.call_s(kind, payloads))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(order=True)
+class _Call:
+    ends_at: float
+    order: int
+    batch: Batch = field(compare=False)
+    output: BatchOutput = field(compare=False)
+
+
+class Simulation:
+    """The real scheduler on simulated time: calls take what the fake voice's costs say."""
+
+    def __init__(self, voice: FakeVoice, slots: int = 2, limits: Limits = Limits()) -> None:
+        self.voice = voice
+        self.clock = Clock()
+        self.metrics = Metrics()
+        self.scheduler = Scheduler(slots, limits, self.metrics, clock=self.clock)
+        self.streams: list[SpeechStream] = []
+        self.calls: list[_Call] = []
+        self._arrivals: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+
+    def calibrate(self) -> None:
+        """The engine's start-up measurement, on the simulated runner."""
+        core = EngineCore(self.scheduler, SimulatedRunner(self.scheduler.slots))  # type: ignore[arg-type]
+        asyncio.run(core.calibrate([self.voice]))
+
+    def open(self, text: str) -> SpeechStream:
+        """A stream with all its text, admitted now (Overloaded past the queue, as in the engine)."""
+        stream = SpeechStream(self.voice, self.voice.open_session(SynthesisOptions()),
+                              Segmenter(90, 300, "en"), SAMPLE_RATE, wake=lambda: None, clock=self.clock,
+                              on_end=self.scheduler.stream_ended)
+        self.scheduler.admit(stream)
+        self.streams.append(stream)
+        stream.push_text(text)
+        stream.close_input()
+        return stream
+
+    def at(self, time_s: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._arrivals, (time_s, next(self._order), action))
+
+    def run(self, until: float = float("inf")) -> None:
+        """Advance until nothing is left to do (or ``until``)."""
+        while True:
+            self.scheduler.release()
+            while (batch := self.scheduler.pick_batch()) is not None:
+                results = self.voice.run(batch.kind, batch.payloads)
+                seconds = self.voice.call_s(batch.kind, batch.payloads)
+                heapq.heappush(self.calls, _Call(self.clock.now + seconds, next(self._order), batch,
+                                                 BatchOutput(results, seconds)))
+            next_call = self.calls[0].ends_at if self.calls else float("inf")
+            next_arrival = self._arrivals[0][0] if self._arrivals else float("inf")
+            if min(next_call, next_arrival) > until or (not self.calls and not self._arrivals):
+                return
+            if next_arrival <= next_call:
+                self.clock.now = max(self.clock.now, next_arrival)
+                heapq.heappop(self._arrivals)[2]()
+            else:
+                call = heapq.heappop(self.calls)
+                self.clock.now = call.ends_at
+                self.scheduler.complete(call.batch, call.output)
