@@ -1,24 +1,35 @@
-"""Concurrent real-time listeners against one server: TTFA, stalls, throughput; batching on vs off; vs Piper.
+"""Real-time listeners against one server, next to Piper's own HTTP server measured in the same run.
 
-    python -m bench.load [--levels 1 4 8 16 32] [--utterances 2]
+    python -m bench.load                  # the issue-9 targets (about 3 minutes on 2 cores)
+    python -m bench.load --levels 1 8 16  # a sweep of listener counts instead; --batching-off and Piper too
 
-Each simulated listener plays audio in real time from the first byte. It asks for
-an utterance, plays it as it arrives (a stall is time the player waits with an
-empty buffer, counted when over 20 ms), and asks for the next one when playback
-ends. Listeners join one by one over the first second (``--join-seconds``). For each level it prints TTFA
-p50/p95, listeners that stalled and total stall seconds, audio seconds delivered
-per wall second, and errors (anything but audio; 503s are counted apart). "later p95" is the TTFA p95 of
-the utterances after each listener's first, once the join burst is over.
+A simulated listener asks for an utterance, plays it in real time from its first byte (a stall is a gap over
+20 ms with nothing to play) and asks for the next one when playback ends; listeners join one by one over
+``--join-seconds``. Each row gives TTFA p50/p95 (first byte), listeners that stalled and their stall seconds,
+audio seconds delivered per wall second, answers other than audio (errors), 503s, the most streams the server
+held queued while the row ran, and its own capacity estimate (``rtvoice_capacity_audio_seconds_per_second``)
+afterwards.
 
-In the same run the same load goes to rtvoice with batching off
-(``RTVOICE_MAX_BATCH_SIZE=1``), and, when ``piper-tts[http]`` is installed, to
-Piper's own HTTP server with the same voice (one WAV per request).
+The reference is Piper's own HTTP server (``piper-tts[http]``, same voice; ``make bench`` installs it): 16
+clients at once, each asking for whole WAVs back to back; its audio seconds per wall second is P. The targets,
+each run on a fresh rtvoice server:
+
+- half:      P/2 listeners (rounded down) joining over 1 s      zero stalled listeners, TTFA p95 <= 250 ms
+- 80%:       0.8 P listeners joining over 1 s                   zero stalled listeners, TTFA p95 <= 500 ms
+- 24 at once                                                    audio s per s >= 0.85 P
+- past capacity: 2 P listeners joining over 1 s                 newcomers queue (or get 503), no stalls
+- issue case: 7 listeners over 1 s on /v1/audio/speech (pcm)    zero stalled listeners
+- cost x2 (RTVOICE_MODEL_COST_SCALE=2, each model call holds its slot twice as long): its capacity C2 is the
+  throughput of 24 at once; then C2/2 listeners joining over 1 s   zero stalled listeners
+
+The machine's speed drifts (other processes, CPU boost), so compare figures within one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -35,6 +46,8 @@ UTTERANCES = [
     "One moment while I look that up for you. It seems the card on file expired last month.",
 ]
 STALL_THRESHOLD_S = 0.02
+WAV_HEADER = 44
+PIPER_CLIENTS = 16
 
 
 @dataclass
@@ -52,23 +65,29 @@ class Listener:
 class Target:
     name: str
     url: str
-    kind: str  # "rtvoice" or "piper"
+    route: str  # "sft" (CosyVoice's form API, pcm), "openai" (/v1/audio/speech, pcm) or "piper" (a whole WAV)
 
     def request(self, client: httpx.AsyncClient, text: str):  # type: ignore[no-untyped-def]
-        if self.kind == "rtvoice":
+        if self.route == "sft":
             return client.stream("POST", f"{self.url}/inference_sft", data={"tts_text": text, "format": "pcm"})
+        if self.route == "openai":
+            return client.stream("POST", f"{self.url}/v1/audio/speech",
+                                 json={"model": "tts-1", "input": text, "voice": "alloy", "response_format": "pcm"})
         return client.stream("POST", f"{self.url}/synthesize", json={"text": text})
+
+    def sample_rate(self, response: httpx.Response) -> int:
+        return int(response.headers.get("x-sample-rate", "22050"))
 
 
 async def listen(target: Target, index: int, level: int, utterances: int, listener: Listener,
                  join_s: float) -> None:
     await asyncio.sleep(join_s * index / level)  # listeners join one by one over join_s
-    async with httpx.AsyncClient(timeout=120) as client:
+    async with httpx.AsyncClient(timeout=300) as client:
         for n in range(utterances):
             text = UTTERANCES[(index + n) % len(UTTERANCES)]
             start = time.perf_counter()
             runs_out_at: float | None = None
-            header = 44 if target.kind == "piper" else 0
+            header = WAV_HEADER if target.route == "piper" else 0
             try:
                 async with target.request(client, text) as response:
                     if response.status_code == 503:
@@ -78,7 +97,7 @@ async def listen(target: Target, index: int, level: int, utterances: int, listen
                     if response.status_code != 200:
                         listener.errors += 1
                         continue
-                    rate = int(response.headers.get("x-sample-rate", "22050"))
+                    rate = target.sample_rate(response)
                     async for chunk in response.aiter_bytes():
                         if header:
                             skip = min(header, len(chunk))
@@ -105,107 +124,227 @@ async def listen(target: Target, index: int, level: int, utterances: int, listen
 
 
 @dataclass
-class LevelResult:
-    level: int
+class Row:
+    name: str
+    listeners: int
     ttfa_p50: float
     ttfa_p95: float
-    later_ttfa_p95: float
-    """TTFA p95 of the utterances after each listener's first (past the join burst)."""
     stalled: int
     stall_s: float
     audio_per_s: float
     errors: int
     rejected: int
+    max_queued: int
+    capacity: float | None
+    """The server's own estimate afterwards (audio s per s), when it is rtvoice."""
 
 
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
-async def run_level(target: Target, level: int, utterances: int, join_s: float = 1.0) -> LevelResult:
+async def _watch_queue(server: Server | None, stop: asyncio.Event) -> int:
+    """The most streams the server held queued while a row ran (polled from /metrics)."""
+    if server is None:
+        return 0
+    most = 0
+    async with httpx.AsyncClient(timeout=5) as client:
+        while not stop.is_set():
+            try:
+                text = (await client.get(f"{server.url}/metrics")).text
+            except httpx.HTTPError:
+                text = ""
+            for line in text.splitlines():
+                if line.startswith("rtvoice_queued_streams "):
+                    most = max(most, int(float(line.split()[1])))
+            try:
+                await asyncio.wait_for(stop.wait(), 0.1)
+            except asyncio.TimeoutError:
+                pass
+    return most
+
+
+async def run_row(name: str, target: Target, server: Server | None, level: int, utterances: int,
+                  join_s: float) -> Row:
     listeners = [Listener() for _ in range(level)]
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(_watch_queue(server, stop))
     start = time.perf_counter()
     await asyncio.gather(*(listen(target, i, level, utterances, listeners[i], join_s) for i in range(level)))
     wall = time.perf_counter() - start
+    stop.set()
     ttfa = [t for listener in listeners for t in listener.ttfa_s]
-    return LevelResult(
-        level=level,
+    capacity = None
+    if server is not None and target.route != "piper":
+        capacity = server.metric("rtvoice_capacity_audio_seconds_per_second") or None
+    return Row(
+        name=name,
+        listeners=level,
         ttfa_p50=statistics.median(ttfa) if ttfa else float("nan"),
         ttfa_p95=percentile(ttfa, 0.95),
-        later_ttfa_p95=percentile([t for listener in listeners for t in listener.ttfa_s[1:]], 0.95),
         stalled=sum(1 for listener in listeners if listener.stalls),
         stall_s=sum(listener.stall_s for listener in listeners),
         audio_per_s=sum(listener.audio_s for listener in listeners) / wall,
         errors=sum(listener.errors for listener in listeners),
         rejected=sum(listener.rejected for listener in listeners),
+        max_queued=await watcher,
+        capacity=capacity,
     )
 
 
-def print_table(name: str, results: list[LevelResult]) -> None:
-    print(f"\n{name}")
-    print(f"{'listeners':>9} {'TTFA p50':>9} {'TTFA p95':>9} {'later p95':>9} {'stalled':>8} {'stall s':>8} "
-          f"{'audio s/s':>9} {'errors':>6} {'503s':>5}")
-    for r in results:
-        print(f"{r.level:9d} {r.ttfa_p50 * 1e3:7.0f}ms {r.ttfa_p95 * 1e3:7.0f}ms {r.later_ttfa_p95 * 1e3:7.0f}ms "
-              f"{r.stalled:8d} {r.stall_s:8.2f} {r.audio_per_s:9.2f} {r.errors:6d} {r.rejected:5d}")
+def print_rows(title: str, rows: list[Row], reference: float | None = None) -> None:
+    print(f"\n{title}")
+    ref = f" {'x Piper':>7}" if reference else ""
+    print(f"{'row':24} {'listeners':>9} {'TTFA p50':>9} {'TTFA p95':>9} {'stalled':>8} {'stall s':>8} "
+          f"{'audio s/s':>9}{ref} {'errors':>6} {'503s':>5} {'queued':>6} {'capacity':>8}")
+    for r in rows:
+        ratio = f" {r.audio_per_s / reference:7.2f}" if reference else ""
+        capacity = f"{r.capacity:8.1f}" if r.capacity else f"{'-':>8}"
+        print(f"{r.name:24} {r.listeners:9d} {r.ttfa_p50 * 1e3:7.0f}ms {r.ttfa_p95 * 1e3:7.0f}ms {r.stalled:8d} "
+              f"{r.stall_s:8.2f} {r.audio_per_s:9.2f}{ratio} {r.errors:6d} {r.rejected:5d} {r.max_queued:6d} "
+              f"{capacity}")
 
 
-async def measure(target: Target, levels: list[int], utterances: int, join_s: float) -> list[LevelResult]:
-    await run_level(target, 2, 1)  # warm connections and caches
-    results = []
-    for level in levels:
-        results.append(await run_level(target, level, utterances, join_s))
-    print_table(target.name, results)
-    return results
+# -- Piper's whole-WAV throughput -------------------------------------------------------------------
+
+
+async def piper_throughput(url: str, clients: int = PIPER_CLIENTS, requests_each: int = 2) -> float:
+    """Audio seconds per wall second of Piper's HTTP server with ``clients`` asking for whole WAVs at once."""
+    audio = 0.0
+
+    async def client_loop(index: int) -> None:
+        nonlocal audio
+        async with httpx.AsyncClient(timeout=300) as client:
+            for n in range(requests_each):
+                response = await client.post(f"{url}/synthesize",
+                                             json={"text": UTTERANCES[(index + n) % len(UTTERANCES)]})
+                response.raise_for_status()
+                rate = int.from_bytes(response.content[24:28], "little")
+                audio += (len(response.content) - WAV_HEADER) / 2 / rate
+
+    async with httpx.AsyncClient(timeout=300) as client:  # warm its voice
+        (await client.post(f"{url}/synthesize", json={"text": UTTERANCES[0]})).raise_for_status()
+    start = time.perf_counter()
+    await asyncio.gather(*(client_loop(i) for i in range(clients)))
+    return audio / (time.perf_counter() - start)
+
+
+def measure_piper() -> float | None:
+    try:
+        import flask  # noqa: F401
+    except ImportError:
+        print("piper-tts[http] is not installed (make bench installs it): no reference")
+        return None
+    from rtvoice.engine.voices import embedded_voice_path
+
+    piper = start_piper_http(embedded_voice_path())
+    try:
+        return asyncio.run(piper_throughput(piper.url))
+    finally:
+        piper.stop()
+
+
+# -- the targets ------------------------------------------------------------------------------------
+
+
+def fresh_row(name: str, level: int, join_s: float, env: dict[str, str], route: str = "sft",
+              utterances: int = 2) -> Row:
+    """One row on a freshly started rtvoice server (no state carried over from the row before)."""
+    server = start_rtvoice(env)
+    try:
+        target = Target(name, server.url, route)
+        asyncio.run(run_row("warm-up", target, server, 2, 1, 0.0))
+        return asyncio.run(run_row(name, target, server, level, utterances, join_s))
+    finally:
+        server.stop()
+
+
+def targets(env: dict[str, str], utterances: int) -> None:
+    piper = measure_piper()
+    if piper is None:
+        return
+    print(f"\nPiper's HTTP server, {PIPER_CLIENTS} clients asking for whole WAVs: P = {piper:.2f} audio s per s")
+    half, most = max(1, int(piper / 2)), max(1, int(0.8 * piper))
+    rows = [
+        fresh_row("half of P", half, 1.0, env, utterances=utterances),
+        fresh_row("80% of P", most, 1.0, env, utterances=utterances),
+        fresh_row("24 at once", 24, 0.0, env, utterances=utterances),
+        fresh_row("past capacity (2 P)", math.ceil(2 * piper), 1.0, env, utterances=utterances),
+        fresh_row("issue: 7 on /v1/audio", 7, 1.0, env, route="openai", utterances=utterances),
+    ]
+    print_rows(f"rtvoice (P = {piper:.2f})", rows, piper)
+    scaled = {**env, "RTVOICE_MODEL_COST_SCALE": "2"}
+    saturated = fresh_row("x2: 24 at once", 24, 0.0, scaled, utterances=utterances)
+    scaled_half = fresh_row("x2: half of C2", max(1, int(saturated.audio_per_s / 2)), 1.0, scaled,
+                            utterances=utterances)
+    print_rows(f"rtvoice, model calls x2 (C2 = {saturated.audio_per_s:.2f})", [saturated, scaled_half], piper)
+
+    h, m, a, p, i = rows
+    print("\ntargets (same run):")
+    print(f"  half ({h.listeners}): {h.stalled} stalled (0), TTFA p95 {h.ttfa_p95 * 1e3:.0f} ms (<= 250)")
+    print(f"  80% ({m.listeners}): {m.stalled} stalled (0), TTFA p95 {m.ttfa_p95 * 1e3:.0f} ms (<= 500)")
+    print(f"  24 at once: {a.audio_per_s / piper:.2f} x Piper (>= 0.85)")
+    print(f"  past capacity ({p.listeners}): {p.stalled} stalled (0); newcomers queued up to {p.max_queued}, "
+          f"{p.rejected} got 503")
+    print(f"  issue case: {i.stalled} stalled (0), TTFA p95 {i.ttfa_p95 * 1e3:.0f} ms")
+    print(f"  model calls x2: C2 = {saturated.audio_per_s:.2f}; {scaled_half.listeners} listeners: "
+          f"{scaled_half.stalled} stalled (0)")
+
+
+# -- the sweep --------------------------------------------------------------------------------------
+
+
+def sweep(levels: list[int], env: dict[str, str], utterances: int, join_s: float, batching_off: bool,
+          with_piper: bool, route: str) -> None:
+    runs = [("rtvoice", env)]
+    if batching_off:
+        runs.append(("rtvoice, batching off", {**env, "RTVOICE_MAX_BATCH_SIZE": "1"}))
+    for name, run_env in runs:
+        server = start_rtvoice(run_env)
+        try:
+            target = Target(name, server.url, route)
+            asyncio.run(run_row("warm-up", target, server, 2, 1, 0.0))
+            rows = [asyncio.run(run_row(f"{level} listeners", target, server, level, utterances, join_s))
+                    for level in levels]
+        finally:
+            server.stop()
+        print_rows(name, rows)
+    if with_piper:
+        try:
+            import flask  # noqa: F401
+        except ImportError:
+            print("\npiper-tts[http] is not installed: Piper's HTTP server is left out")
+            return
+        from rtvoice.engine.voices import embedded_voice_path
+
+        piper = start_piper_http(embedded_voice_path())
+        try:
+            target = Target("Piper HTTP server", piper.url, "piper")
+            rows = [asyncio.run(run_row(f"{level} listeners", target, None, level, utterances, join_s))
+                    for level in levels]
+        finally:
+            piper.stop()
+        print_rows("Piper's HTTP server (whole WAVs; TTFA is the whole synthesis)", rows)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 8, 16, 32])
+    parser.add_argument("--levels", type=int, nargs="+", help="run a sweep of these listener counts instead")
     parser.add_argument("--utterances", type=int, default=2, help="utterances each listener plays")
-    parser.add_argument("--join-seconds", type=float, default=1.0, help="listeners join one by one over this time")
-    parser.add_argument("--env", nargs="*", default=[], help="extra RTVOICE_X=Y settings for both rtvoice runs")
-    parser.add_argument("--no-piper", action="store_true")
+    parser.add_argument("--join-seconds", type=float, default=1.0, help="sweep: listeners join over this time")
+    parser.add_argument("--route", choices=["sft", "openai"], default="sft", help="sweep: the route listeners use")
+    parser.add_argument("--env", nargs="*", default=[], help="extra RTVOICE_X=Y settings for every rtvoice server")
+    parser.add_argument("--batching-off", action="store_true", help="sweep: also with RTVOICE_MAX_BATCH_SIZE=1")
+    parser.add_argument("--no-piper", action="store_true", help="sweep: leave Piper's HTTP server out")
     args = parser.parse_args()
     env = dict(item.split("=", 1) for item in args.env)
-
-    runs: dict[str, list[LevelResult]] = {}
-    for name, extra in (("rtvoice, batching on", {}), ("rtvoice, batching off", {"RTVOICE_MAX_BATCH_SIZE": "1"})):
-        server = start_rtvoice({**env, **extra})
-        try:
-            runs[name] = asyncio.run(measure(Target(name, server.url, "rtvoice"), args.levels, args.utterances,
-                                             args.join_seconds))
-        finally:
-            server.stop()
-    piper: Server | None = None
-    if not args.no_piper:
-        try:
-            import flask  # noqa: F401
-
-            from rtvoice.engine.voices import embedded_voice_path
-
-            piper = start_piper_http(embedded_voice_path())
-        except ImportError:
-            print("\npiper-tts[http] not installed: Piper's HTTP server is left out")
-    if piper is not None:
-        try:
-            runs["piper HTTP"] = asyncio.run(measure(Target("Piper HTTP server", piper.url, "piper"), args.levels,
-                                                     args.utterances, args.join_seconds))
-        finally:
-            piper.stop()
-
-    on, off = runs["rtvoice, batching on"], runs["rtvoice, batching off"]
-    print("\nbatching on / off (audio s per wall s; TTFA p95):")
-    for a, b in zip(on, off):
-        print(f"  {a.level:3d} listeners: throughput {a.audio_per_s / b.audio_per_s:5.2f}x, "
-              f"TTFA p95 {a.ttfa_p95 * 1e3:5.0f} vs {b.ttfa_p95 * 1e3:5.0f} ms")
-    if "piper HTTP" in runs:
-        print("\nPiper HTTP / rtvoice TTFA p50:")
-        for a, p in zip(on, runs["piper HTTP"]):
-            print(f"  {a.level:3d} listeners: {p.ttfa_p50 / a.ttfa_p50:5.1f}x")
+    if args.levels:
+        sweep(args.levels, env, args.utterances, args.join_seconds, args.batching_off, not args.no_piper, args.route)
+    else:
+        targets(env, args.utterances)
 
 
 if __name__ == "__main__":
