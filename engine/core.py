@@ -15,7 +15,7 @@ import asyncio
 import logging
 import math
 
-from rtvoice.engine.models.base import SMALLEST, StepBudget, SynthesisOptions, Voice, VoiceSession
+from rtvoice.engine.models.base import StepBudget, SynthesisOptions, Voice, VoiceSession
 from rtvoice.engine.runner import ModelRunner
 from rtvoice.engine.scheduler import Batch, Scheduler
 
@@ -25,7 +25,10 @@ CALIBRATION_SEGMENTS = ("Warming up.", "Then a longer sentence to measure the vo
 """Two lengths, so that even the steps sized by their text are measured at two sizes."""
 CALIBRATION_MAX_STEPS = 64
 """Enough for every kind of step of a short sentence (a CosyVoice2 LM makes a few dozen tokens first)."""
+_SMALLEST = StepBudget(call_s=0.0, due_s=0.0, cost=lambda kind, size: math.inf)
+"""Nothing fits: sessions plan their smallest steps."""
 _LARGEST = StepBudget(call_s=math.inf, due_s=math.inf, cost=lambda kind, size: 0.0)
+"""Everything fits: sessions plan their largest steps."""
 
 
 class EngineCore:
@@ -86,7 +89,7 @@ class EngineCore:
                 continue
             seen.add(voice.cost_key)
             session = voice.open_session(SynthesisOptions(seed=0))
-            budgets = [SMALLEST]
+            budgets = [_SMALLEST]
             if type(session).plan_step is not VoiceSession.plan_step:  # its steps come in sizes
                 budgets.append(_LARGEST)
             for budget in budgets:

@@ -12,11 +12,15 @@ Nothing here knows a machine's speed: every number comes from measured calls.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
 
 from rtvoice.engine.models.base import CostEstimate
 
+SURPRISES_KEPT = 64
+"""Recent calls whose actual-to-estimated time ratio sets how far estimates are trusted."""
+SURPRISE_QUANTILE = 0.9
 CALL_HALF_LIFE = 16
 """A call's weight in its fit halves after this many later calls of the same kind."""
 AUDIO_HALF_LIFE_S = 60.0
@@ -85,9 +89,23 @@ class CostModel:
     def __init__(self) -> None:
         self._calls: dict[tuple[Hashable, str], LinearFit] = {}
         self._rtf: dict[Hashable, RatioFit] = {}
+        self._surprises: deque[float] = deque(maxlen=SURPRISES_KEPT)
 
     def observe_call(self, key: Hashable, kind: str, size: int, seconds: float) -> None:
-        self._calls.setdefault((key, kind), LinearFit()).observe(float(size), seconds)
+        fit = self._calls.setdefault((key, kind), LinearFit())
+        if fit.observations:
+            predicted = fit.predict(float(size))
+            if predicted > 0:
+                self._surprises.append(seconds / predicted)
+        fit.observe(float(size), seconds)
+
+    def surprise(self) -> float:
+        """How much longer than estimated calls have lately taken: the 90th percentile of the actual-to-estimated
+        ratio over recent calls (1 when they keep to their estimates, more on a machine whose speed jumps)."""
+        if len(self._surprises) < SURPRISES_KEPT // 4:
+            return 1.0
+        ordered = sorted(self._surprises)
+        return max(1.0, ordered[int(SURPRISE_QUANTILE * (len(ordered) - 1))])
 
     def call_s(self, key: Hashable, kind: str, size: int) -> float:
         """Estimated seconds of one call; 0 for a kind never measured."""

@@ -64,29 +64,20 @@ def order(ready: Sequence[Ready], now: float, safety: float) -> list[Ready]:
     return sorted(ready, key=key)
 
 
-@dataclass(frozen=True)
-class CallBudget:
-    seconds: float
-    """Longest the call may hold its slot (``math.inf``: any length)."""
-    behind: bool
-    """Some of the others start late even after the shortest call: the machine is behind."""
-
-
-def call_budget(others: Sequence[Ready], now: float, other_slots_free_at: Sequence[float],
-                safety: float) -> CallBudget:
+def call_budget(others: Sequence[Ready], now: float, other_slots_free_at: Sequence[float], safety: float) -> float:
     """Longest a call starting now may hold its slot so that each of ``others`` still starts in time.
 
     ``other_slots_free_at``: when each other runner slot is free (``now`` when idle; a call in flight
     frees its slot at its estimated end). Streams owing first audio must start once the smallest call
     would have ended (``safety`` × their own step's time from now); playing streams by their latest
-    start.
+    start. Returns ``math.inf`` when no call length can make anyone late.
     """
     deadlines: list[tuple[float, float]] = []  # (latest start, seconds it then holds a slot)
     for r in others:
         latest = now + safety * r.step_s if r.due_at is None else r.latest_start(safety)
         deadlines.append((latest, r.step_s * safety))
     if not deadlines:
-        return CallBudget(math.inf, False)
+        return math.inf
     deadlines.sort()
 
     def lateness(call_s: float) -> float:
@@ -101,18 +92,16 @@ def call_budget(others: Sequence[Ready], now: float, other_slots_free_at: Sequen
         return late
 
     # Streams already too late to save are late whatever runs; a longer call must not add to it.
-    late = lateness(0.0)
-    unavoidable = late + 1e-6
-    behind = late > 0
+    unavoidable = lateness(0.0) + 1e-6
     if lateness(math.inf) <= unavoidable:
-        return CallBudget(math.inf, behind)
+        return math.inf
     low, high = 0.0, max(latest for latest, _ in deadlines) - now
     if high <= 0:
-        return CallBudget(0.0, behind)
+        return 0.0
     for _ in range(24):
         middle = (low + high) / 2
         if lateness(middle) <= unavoidable:
             low = middle
         else:
             high = middle
-    return CallBudget(low, behind)
+    return low

@@ -35,7 +35,7 @@ from rtvoice.engine import policy
 from rtvoice.engine.cost import CostModel
 from rtvoice.engine.errors import Overloaded
 from rtvoice.engine.metrics import Metrics
-from rtvoice.engine.models.base import SMALLEST, Step, StepBudget, Voice
+from rtvoice.engine.models.base import Step, StepBudget, Voice
 from rtvoice.engine.playback import Played
 from rtvoice.engine.runner import BatchOutput
 from rtvoice.engine.stream import SpeechStream, StreamState
@@ -54,7 +54,8 @@ class Limits:
     max_load: float = 1.0
     """Demand admitted streams may place on the measured capacity (1.0: all of it)."""
     cost_safety: float = 1.5
-    """Cost estimates are multiplied by this wherever they decide whether a listener is served in time."""
+    """Cost estimates are multiplied by this (or by their measured overrun, when more) wherever they decide
+    whether a listener is served in time."""
 
 
 @dataclass(frozen=True)
@@ -242,16 +243,18 @@ class Scheduler:
         if len(self.running) >= self.slots:
             return None
         now = self.clock()
-        safety = self.limits.cost_safety
+        safety = self.safety()
         ready: list[policy.Ready] = []
         streams: dict[int, SpeechStream] = {}
         for stream in self.active:
             if stream.id in self._busy or stream.closed or stream.throttled:
                 continue
-            step = stream.session.plan_step(SMALLEST)
+            cost = self.costs.estimator(stream.voice.cost_key)
+            # Its smallest step (nothing fits the budget), which is what it needs at least to have new audio.
+            smallest = StepBudget(0.0, None if stream.playback.owes_first_audio else 0.0, cost, safety)
+            step = stream.session.plan_step(smallest)
             if step is None:
                 continue
-            cost = self.costs.estimator(stream.voice.cost_key)
             step_s = cost(step.kind, step.size)
             to_audio_s = step_s + sum(cost(kind, size) for kind, size in step.until_audio)
             ready.append(policy.Ready(stream.id, step, step_s, to_audio_s, stream.playback.runs_out_at,
@@ -265,11 +268,10 @@ class Scheduler:
         head_stream = streams[head.stream_id]
         other_slots = [max(now, b.started_at + b.estimate_s) for b in self.running]
         other_slots += [now] * (self.slots - len(self.running) - 1)
-        call = policy.call_budget(others, now, other_slots, safety)
-        call_s = call.seconds
+        call_s = policy.call_budget(others, now, other_slots, safety)
         cost = self.costs.estimator(head_stream.voice.cost_key)
         step = head_stream.session.plan_step(StepBudget(call_s=call_s, due_s=head_stream.playback.due_in(now),
-                                                        cost=cost, safety=safety, load=load, behind=call.behind))
+                                                        cost=cost, safety=safety, load=load))
         assert step is not None
         items = [(head_stream, step)]
         # Split ready work over the free runner slots rather than queueing it all behind one call.
@@ -286,6 +288,11 @@ class Scheduler:
         batch = Batch(head_stream.voice, step.kind, items, cost(step.kind, size), now)
         self._start(batch)
         return batch
+
+    def safety(self) -> float:
+        """The margin on cost estimates: the configured factor, or how much longer than estimated calls have
+        lately taken when that is more (a machine whose speed jumps, e.g. shared with other work)."""
+        return max(self.limits.cost_safety, self.costs.surprise())
 
     def _start(self, batch: Batch) -> None:
         self.running.append(batch)

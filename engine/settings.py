@@ -75,7 +75,8 @@ class Settings(BaseSettings):
     """Admit a new stream only while the demand of the admitted ones, the newcomer's included, stays within
     this share of the capacity measured on this machine; past it, new streams wait in the queue."""
     cost_safety_factor: float = Field(1.5, ge=1.0)
-    """Measured call costs are multiplied by this wherever they decide whether a listener is served in time."""
+    """Measured call costs are multiplied by this wherever they decide whether a listener is served in time (or by
+    how much longer than estimated calls have lately taken, their 90th percentile, when that is more)."""
     model_cost_scale: float = Field(1.0, ge=1.0)
     """Test and benchmark hook: each model call holds its runner slot this many times its measured time,
     as on a slower machine (2: half the speed)."""

@@ -10,7 +10,6 @@ only its weights, so nothing is shared between requests.
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -72,8 +71,6 @@ class StepBudget:
     load: float = 0.0
     """Share of the machine's measured capacity the admitted streams need (0 when unknown): the nearer
     to 1, the more a step must make of its call, so that the machine keeps up."""
-    behind: bool = False
-    """Other listeners run dry whatever this call is: the machine is behind, and small steps keep it there."""
 
     def call_fits(self, call_s: float) -> bool:
         return call_s * self.safety <= self.call_s
@@ -83,8 +80,6 @@ class StepBudget:
         return self.due_s is None or to_audio_s * self.safety <= self.due_s
 
 
-SMALLEST = StepBudget(call_s=0.0, due_s=0.0, cost=lambda kind, size: math.inf)
-"""A budget nothing fits: sessions plan their smallest step."""
 
 
 class VoiceSession(ABC):

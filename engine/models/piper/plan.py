@@ -13,6 +13,7 @@ model, so the fake voice of the scheduler tests plans with the same code.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -151,14 +152,17 @@ class Planner:
     def first_window_size(self) -> int:
         return self.g.first_chunk + self.g.overlap + self.g.decoder_context + self.g.flow_context
 
-    def first_chunk_frames(self, budget: StepBudget) -> int:
-        """Frames of a first chunk: the configured size, or more where the machine is too slow to grow from it.
+    def least_chunk(self, budget: StepBudget) -> int:
+        """Frames of the smallest chunk (a first one, or one under pressure): the configured first chunk, or
+        more where the machine is too slow to grow from it.
 
         A stream grows its chunks only if each chunk's audio lasts longer than making the next, larger one
         (its flow window and its decode, with the safety factor); the first chunk is the smallest size from
         which they can grow by ``RAMP_GROWTH`` (the largest when none can: the machine is that slow).
         """
         g = self.g
+        if not math.isfinite(budget.cost("decode", g.first_chunk)):
+            return g.first_chunk  # a budget nothing fits: the configured size
 
         def grows(n: int) -> bool:
             after = round(RAMP_GROWTH * n)
@@ -181,29 +185,30 @@ class Planner:
     def next(self, p: Progress, budget: StepBudget) -> FlowWindow | DecodeChunk:
         """The next window or chunk of a segment with frames left, sized to ``budget``.
 
-        Before its first audio a stream takes the smallest first chunk. After it, the size is the largest
-        that fits the call budget and this stream's own buffer; but never below the size at which the
-        machine keeps up with its load (each frame may cost at most ``1 / (load × safety)`` times what it
-        costs at the largest size), unless the stream's own buffer cannot wait for that.
+        No chunk is smaller than the least one chunks can grow from (``least_chunk``): a chunk whose audio
+        ends before the next one can be made leads to a gap whatever follows. Before its first audio a
+        stream takes that least chunk. After it, the size is the largest that fits the call budget and this
+        stream's own buffer; but never below the size at which the machine keeps up with its load (each
+        frame may cost at most ``1 / (load × safety)`` times what it costs at the largest size), unless the
+        stream's own buffer cannot wait for that.
         """
+        g = self.g
         first = budget.due_s is None
-        smallest = self.chunk(p, self.chunk_end(p, self.first_chunk_frames(budget) if first else self.g.first_chunk))
+        least = self.least_chunk(budget)
+        smallest = self.chunk(p, self.chunk_end(p, least))
         if p.flowed >= smallest.hi:
             if first:
                 return smallest
             # Frames a chunk may cover with the latent made so far.
-            room = p.frames - p.decoded if p.flowed >= p.frames else p.flowed - self.g.overlap - \
-                self.g.decoder_context - p.decoded
-            largest = max(self.g.first_chunk, min(self.g.max_chunk, room))
-            g = self.g
+            room = p.frames - p.decoded if p.flowed >= p.frames else p.flowed - g.overlap - g.decoder_context - p.decoded
+            largest = max(least, min(g.max_chunk, room))
             steady = (g.max_chunk, g.max_chunk + g.overlap + 2 * g.decoder_context)
-            return _choose(lambda n: self.chunk(p, self.chunk_end(p, n)), self.g.first_chunk, largest,
-                           lambda chunk: 0.0, steady, budget)
-        least = self.window(p, smallest.hi)
+            return _choose(lambda n: self.chunk(p, self.chunk_end(p, n)), least, largest, lambda chunk: 0.0, steady,
+                           budget)
+        window = self.window(p, smallest.hi)
         if first:
-            return least  # first audio: just what the first chunk needs
+            return window  # first audio: just what the first chunk needs
         then = budget.cost("decode", smallest.size)
-        g = self.g
         steady = (g.max_window, g.max_window + 2 * g.flow_context)
         largest = max(smallest.hi - p.flowed, min(g.max_window, p.frames - p.flowed))
         return _choose(lambda n: self.window(p, self.window_end(p, n)), smallest.hi - p.flowed, largest,
@@ -242,9 +247,8 @@ def _choose(build: Callable[[int], Action], low: int, high: int, then: Callable[
             return seconds(action) / max(1, action.end - action.start) <= limit
 
         floor = _smallest(low, high, efficient)
-        # The floor gives way to this stream's own buffer, unless the machine is behind: then small steps
-        # would only keep it there.
-        chosen = max(chosen, floor if budget.behind else min(floor, _largest(low, high, own)))
+        # The floor gives way to this stream's own buffer.
+        chosen = max(chosen, min(floor, _largest(low, high, own)))
     return build(max(low, chosen))
 
 
