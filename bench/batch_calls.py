@@ -24,7 +24,7 @@ def first_step(voice: PiperVoice, kind: str, seed: int) -> Step:
     while True:
         step = session.next_step()
         assert step is not None
-        full_chunk = step.kind != "decode" or step.payload.end - step.payload.start >= voice.chunk_frames
+        full_chunk = step.kind != "decode" or step.payload.end - step.payload.start >= voice.geometry.max_chunk
         if step.kind == kind and full_chunk:
             return step
         (result,) = voice.run(step.kind, [step.payload])
