@@ -210,6 +210,18 @@ def test_no_listener_stalls_at_half_the_measured_capacity(scale: float) -> None:
     sim.run()
     assert len(sim.streams) == 2 * int(capacity / 2)
     assert stalled(sim) == []
+    if scale == 1.0:  # the target for this load, in simulated time
+        assert percentile([s.stats().ttfa_s for s in sim.streams], 0.95) <= 0.25
+
+
+def test_at_eighty_percent_of_capacity_nobody_stalls_and_first_audio_comes_within_half_a_second() -> None:
+    voice = FakeVoice()
+    sim = Simulation(voice)
+    sim.calibrate()
+    listeners(sim, int(0.8 * sim.scheduler.capacity(voice)), 1.0)
+    sim.run()
+    assert stalled(sim) == []
+    assert percentile([s.stats().ttfa_s for s in sim.streams], 0.95) <= 0.5
 
 
 def test_admission_queues_past_capacity_and_admitted_listeners_never_stall() -> None:

