@@ -82,7 +82,8 @@ class EngineCore:
             self.wake()
 
     async def calibrate(self, voices: list[Voice]) -> None:
-        """Measure each cost key's calls once, at the smallest and the largest step sizes."""
+        """Measure each cost key's calls at the smallest and the largest step sizes, on every runner slot at once
+        (calls cost more when the slots share the cores, and capacity is what they make together)."""
         seen = set()
         for voice in voices:
             if voice.cost_key in seen:
@@ -93,7 +94,7 @@ class EngineCore:
             if type(session).plan_step is not VoiceSession.plan_step:  # its steps come in sizes
                 budgets.append(_LARGEST)
             for budget in budgets:
-                await self._calibrate(voice, budget)
+                await asyncio.gather(*(self._calibrate(voice, budget) for _ in range(self.runner.slots)))
 
     async def _calibrate(self, voice: Voice, budget: StepBudget) -> None:
         costs = self.scheduler.costs
@@ -105,7 +106,7 @@ class EngineCore:
             if step is None:
                 return
             output = await self.runner.run(voice, step.kind, [step.payload])
-            costs.observe_call(voice.cost_key, step.kind, step.size, output.seconds)
+            costs.observe_call(voice.cost_key, step.kind, step.size, output.seconds, all_slots_busy=True)
             audio = session.complete(step, output.results[0])
             audio_s = 0.0 if audio is None else len(audio) / voice.info.sample_rate
             costs.observe_output(voice.cost_key, output.seconds, audio_s)

@@ -88,16 +88,21 @@ class RatioFit:
 class CostModel:
     def __init__(self) -> None:
         self._calls: dict[tuple[Hashable, str], LinearFit] = {}
+        self._busy_calls: dict[tuple[Hashable, str], LinearFit] = {}
+        """The same, from calls made while every runner slot was busy: what the machine does at full load."""
         self._rtf: dict[Hashable, RatioFit] = {}
         self._surprises: deque[float] = deque(maxlen=SURPRISES_KEPT)
 
-    def observe_call(self, key: Hashable, kind: str, size: int, seconds: float) -> None:
+    def observe_call(self, key: Hashable, kind: str, size: int, seconds: float, all_slots_busy: bool = False) -> None:
+        """One timed call; ``all_slots_busy`` when every runner slot held a call while it ran."""
         fit = self._calls.setdefault((key, kind), LinearFit())
         if fit.observations:
             predicted = fit.predict(float(size))
             if predicted > 0:
                 self._surprises.append(seconds / predicted)
         fit.observe(float(size), seconds)
+        if all_slots_busy:
+            self._busy_calls.setdefault((key, kind), LinearFit()).observe(float(size), seconds)
 
     def surprise(self) -> float:
         """How much longer than estimated calls have lately taken: the 90th percentile of the actual-to-estimated
@@ -107,13 +112,15 @@ class CostModel:
         ordered = sorted(self._surprises)
         return max(1.0, ordered[int(SURPRISE_QUANTILE * (len(ordered) - 1))])
 
-    def call_s(self, key: Hashable, kind: str, size: int) -> float:
-        """Estimated seconds of one call; 0 for a kind never measured."""
-        fit = self._calls.get((key, kind))
+    def call_s(self, key: Hashable, kind: str, size: int, all_slots_busy: bool = False) -> float:
+        """Estimated seconds of one call, as calls go lately or (``all_slots_busy``) when every slot is busy, where
+        cores shared by the slots, the event loop and other work make each call slower; 0 for a kind never
+        measured."""
+        fit = (self._busy_calls.get((key, kind)) if all_slots_busy else None) or self._calls.get((key, kind))
         return fit.predict(float(size)) if fit is not None else 0.0
 
-    def estimator(self, key: Hashable) -> CostEstimate:
-        return lambda kind, size: self.call_s(key, kind, size)
+    def estimator(self, key: Hashable, all_slots_busy: bool = False) -> CostEstimate:
+        return lambda kind, size: self.call_s(key, kind, size, all_slots_busy)
 
     def observe_output(self, key: Hashable, compute_s: float, audio_s: float) -> None:
         self._rtf.setdefault(key, RatioFit()).observe(compute_s, audio_s)

@@ -51,7 +51,7 @@ class Limits:
     max_active_streams: int = 32
     max_queued_streams: int = 64
     max_batch_size: int = 8
-    max_load: float = 1.0
+    max_load: float = 0.9
     """Demand admitted streams may place on the measured capacity (1.0: all of it)."""
     cost_safety: float = 1.5
     """Cost estimates are multiplied by this (or by their measured overrun, when more) wherever they decide
@@ -76,6 +76,8 @@ class Batch:
     estimate_s: float
     """Its estimated duration when it was picked."""
     started_at: float
+    all_slots_busy: bool = False
+    """Every runner slot held a call when it started."""
 
     @property
     def payloads(self) -> list[Any]:
@@ -214,8 +216,9 @@ class Scheduler:
         """Audio seconds per second this machine makes with ``voice``; None before any measurement.
 
         From the voice's cost at its most efficient step sizes when it can tell (the plan reaches them
-        under load), else from the real-time factor measured on its recent work."""
-        rtf = voice.compute_per_audio_s(self.costs.estimator(voice.cost_key))
+        under load), as calls cost while every runner slot is busy; else from the real-time factor measured
+        on its recent work."""
+        rtf = voice.compute_per_audio_s(self.costs.estimator(voice.cost_key, all_slots_busy=True))
         if rtf is None:
             rtf = self.costs.real_time_factor(voice.cost_key)
         return self.slots / rtf if rtf else None
@@ -296,6 +299,7 @@ class Scheduler:
 
     def _start(self, batch: Batch) -> None:
         self.running.append(batch)
+        batch.all_slots_busy = len(self.running) == self.slots
         for stream, _ in batch.items:
             self._busy.add(stream.id)
         self.decisions.append(Decision(batch.kind, tuple(stream.id for stream, _ in batch.items)))
@@ -308,7 +312,7 @@ class Scheduler:
         now = self.clock()
         self._end(batch)
         key = batch.voice.cost_key
-        self.costs.observe_call(key, batch.kind, batch.size, output.seconds)
+        self.costs.observe_call(key, batch.kind, batch.size, output.seconds, batch.all_slots_busy)
         self.metrics.step_seconds.labels(batch.kind).observe(output.seconds)
         share = output.seconds / len(batch.items)
         for (stream, step), result in zip(batch.items, output.results):

@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     # Scheduling and threads
     max_batch_size: int = 8
     """Most steps of one kind that share a model call (a voice may allow fewer; 1 turns batching off)."""
-    max_load: float = Field(1.0, gt=0)
+    max_load: float = Field(0.9, gt=0)
     """Admit a new stream only while the demand of the admitted ones, the newcomer's included, stays within
     this share of the capacity measured on this machine; past it, new streams wait in the queue."""
     cost_safety_factor: float = Field(1.5, ge=1.0)
