@@ -40,30 +40,33 @@ _END = _End()
 class AudioOutput:
     def __init__(self, voice_rate: int, sample_rate: int, max_queued_s: float, on_drained: Callable[[], None]) -> None:
         self.sample_rate = sample_rate
-        self._voice_rate = voice_rate
         self._resampler = StreamResampler(voice_rate, sample_rate)
         self._queue: asyncio.Queue[AudioChunk | SegmentDone | _End] = asyncio.Queue()
         self._on_drained = on_drained
         self.queued_s = 0.0
-        """Audio (at the voice's rate, before resampling) queued and not yet taken by the client."""
+        """Audio queued and not yet taken by the client."""
         self.max_queued_s = max_queued_s
         self.ended = False
 
-    def audio(self, audio: np.ndarray, segment: int) -> None:
-        """Queue float32 audio at the voice's rate."""
-        self.queued_s += len(audio) / self._voice_rate
-        pcm = to_int16(self._resampler.process(audio))
-        if len(pcm):
-            self._queue.put_nowait(AudioChunk(pcm, self.sample_rate, segment))
+    def audio(self, audio: np.ndarray, segment: int) -> float:
+        """Queue float32 audio at the voice's rate; returns the seconds that went out now (a resampler holds
+        back a few milliseconds until the next audio or the end)."""
+        return self._put(to_int16(self._resampler.process(audio)), segment)
 
     def segment_done(self, index: int, text: str) -> None:
         self._queue.put_nowait(SegmentDone(index, text))
 
-    def flush(self, segment: int) -> None:
-        """The resampler's last samples (the stream's input ended)."""
-        tail = to_int16(self._resampler.process(np.zeros(0, dtype=np.float32), last=True))
-        if len(tail):
-            self._queue.put_nowait(AudioChunk(tail, self.sample_rate, segment))
+    def flush(self, segment: int) -> float:
+        """The resampler's last samples (the stream's input ended); returns their seconds."""
+        return self._put(to_int16(self._resampler.process(np.zeros(0, dtype=np.float32), last=True)), segment)
+
+    def _put(self, pcm: np.ndarray, segment: int) -> float:
+        if not len(pcm):
+            return 0.0
+        chunk = AudioChunk(pcm, self.sample_rate, segment)
+        self.queued_s += chunk.duration_s
+        self._queue.put_nowait(chunk)
+        return chunk.duration_s
 
     def end(self) -> None:
         if not self.ended:

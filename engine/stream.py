@@ -163,9 +163,10 @@ class SpeechStream:
         played = None
         audio_s = 0.0
         if audio is not None and len(audio):
-            audio_s = len(audio) / self.voice.info.sample_rate
-            played = self.playback.play(audio_s, now)
-            self.output.audio(audio, self._segments_done)
+            # The listener's clock counts what went out: a resampler holds back a few milliseconds.
+            audio_s = self.output.audio(audio, self._segments_done)
+            if audio_s:
+                played = self.playback.play(audio_s, now)
         while self._segments_done < self.session.segments_done:
             self.output.segment_done(self._segments_done, self.segments[self._segments_done])
             self._segments_done += 1
