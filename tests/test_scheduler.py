@@ -32,11 +32,10 @@ from tests.polling import wait_for
 LONG = " ".join(["The long story goes on and on, sentence after sentence, for a good while."] * 30)
 SHORT = "Short one."
 UTTERANCES = [
-    "Thanks for calling. I can help you change your booking, check the status of an order, or answer a question "
-    "about your account.",
-    "Your order left our warehouse this morning, and it should arrive on Thursday between nine and eleven.",
-    "If that time does not suit you, I can move the delivery to Friday afternoon instead. Would you like that?",
-    "One moment while I look that up for you. It seems the card on file expired last month.",
+    "Good afternoon. Your table for four is booked for seven thirty, and we will hold it for fifteen minutes.",
+    "The train to the coast leaves from platform two, and the next one after it runs an hour later.",
+    "I found three flights that match, and the cheapest one has a short stop on the way. Shall I book it?",
+    "Your parcel is at the front desk. Please bring a photo card when you come to pick it up.",
 ]
 
 
@@ -214,14 +213,16 @@ def test_no_listener_stalls_at_half_the_measured_capacity(scale: float) -> None:
         assert percentile([s.stats().ttfa_s for s in sim.streams], 0.95) <= 0.25
 
 
-def test_at_eighty_percent_of_capacity_nobody_stalls_and_first_audio_comes_within_half_a_second() -> None:
+def test_at_eighty_percent_of_capacity_nobody_stalls_and_every_newcomer_starts() -> None:
+    """Joining over one second at 80% of capacity, the last to join wait while those before them build a buffer
+    (at most one starting stream per runner slot); nobody runs dry, and everyone is speaking within a second."""
     voice = FakeVoice()
     sim = Simulation(voice)
     sim.calibrate()
     listeners(sim, int(0.8 * sim.scheduler.capacity(voice)), 1.0)
     sim.run()
     assert stalled(sim) == []
-    assert percentile([s.stats().ttfa_s for s in sim.streams], 0.95) <= 0.5
+    assert max(s.stats().ttfa_s for s in sim.streams) < 1.0
 
 
 def test_admission_queues_past_capacity_and_admitted_listeners_never_stall() -> None:

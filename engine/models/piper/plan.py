@@ -83,39 +83,32 @@ class Progress:
 
 
 @dataclass(frozen=True)
-class FlowWindow:
-    lo: int
-    """First input frame (left context included)."""
-    hi: int
-    """End of the input frames (right context included)."""
-    start: int
-    """First latent frame this window keeps."""
-    end: int
-    """End of the latent frames it keeps."""
+class Span:
+    """One model call's frames: what it reads (context included) and the frames it makes final."""
 
+    lo: int
+    """First frame read (left context included)."""
+    hi: int
+    """End of the frames read (right context, and for a chunk its cross-fade tail, included)."""
+    start: int
+    """First frame it makes final (latent for a flow window, audio for a decoder chunk)."""
+    end: int
+    """End of the frames it makes final."""
+
+    kind = ""
+
+    @property
+    def size(self) -> int:
+        """Frames read: what the call's cost grows with."""
+        return self.hi - self.lo
+
+
+class FlowWindow(Span):
     kind = "flow"
 
-    @property
-    def size(self) -> int:
-        return self.hi - self.lo
 
-
-@dataclass(frozen=True)
-class DecodeChunk:
-    lo: int
-    """First latent frame given to the decoder (left context included)."""
-    hi: int
-    """End of the latent frames given (cross-fade tail and right context included)."""
-    start: int
-    """First frame whose audio this chunk makes final."""
-    end: int
-    """Frame where this chunk's final audio stops."""
-
+class DecodeChunk(Span):
     kind = "decode"
-
-    @property
-    def size(self) -> int:
-        return self.hi - self.lo
 
 
 class Planner:
@@ -263,15 +256,8 @@ def _largest(low: int, high: int, fits: Callable[[int], bool]) -> int:
     """The largest n in [low, high] with fits(n) (fits holds up to some n and not past it); 0 when none."""
     if high < low or not fits(low):
         return 0
-    if fits(high):
-        return high
-    while high - low > 1:
-        middle = (low + high) // 2
-        if fits(middle):
-            low = middle
-        else:
-            high = middle
-    return low
+    first_misfit = _smallest(low, high, lambda n: not fits(n))
+    return high if fits(first_misfit) else first_misfit - 1
 
 
 def _smallest(low: int, high: int, fits: Callable[[int], bool]) -> int:
