@@ -9,12 +9,13 @@ model call that raises fails its own streams and nothing else. Off (empty) by de
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Hashable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from rtvoice.engine.models.base import Step, SynthesisOptions, Voice, VoiceSession
+from rtvoice.engine.models.base import CostEstimate, Step, StepBudget, SynthesisOptions, Voice, VoiceSession
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +77,16 @@ class FaultySession(VoiceSession):
         return any(fault.kind == kind and fault.marker in text for fault in self.faults)
 
     def next_step(self) -> Step | None:
-        step = self.inner.next_step()
+        return self._marked(self.inner.next_step())
+
+    def plan_step(self, budget: StepBudget) -> Step | None:
+        return self._marked(self.inner.plan_step(budget))
+
+    def _marked(self, step: Step | None) -> Step | None:
         if step is None:
             return None
         payload = _Marked(step.payload) if self._fails(step.kind) else step.payload
-        return Step(step.kind, step.batch_key, payload, self)
+        return replace(step, payload=payload, session=self)
 
     def complete(self, step: Step, result: Any) -> np.ndarray | None:
         payload = step.payload.payload if isinstance(step.payload, _Marked) else step.payload
@@ -109,6 +115,16 @@ class FaultyVoice(Voice):
 
     def max_batch(self, kind: str) -> int:
         return self.inner.max_batch(kind)
+
+    @property
+    def cost_key(self) -> Hashable:
+        return self.inner.cost_key
+
+    def compute_per_audio_s(self, cost: CostEstimate) -> float | None:
+        return self.inner.compute_per_audio_s(cost)
+
+    def largest_step_audio_s(self) -> float | None:
+        return self.inner.largest_step_audio_s()
 
     def validate(self, options: SynthesisOptions) -> None:
         self.inner.validate(options)

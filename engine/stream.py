@@ -134,6 +134,11 @@ class SpeechStream:
         """Seconds of audio made so far."""
         return self.playback.audio_s
 
+    @property
+    def first_audio_at(self) -> float | None:
+        """When the first audio went out (``time.monotonic``); None before."""
+        return self.playback.first_audio_at
+
     def stats(self) -> StreamStats:
         first = self.playback.first_audio_at
         return StreamStats(
