@@ -117,7 +117,6 @@ class Scheduler:
         self.decisions: deque[Decision] = deque(maxlen=1000)
         self._busy: set[int] = set()
         """Streams with a step in flight."""
-
         self._departures: deque[float] = deque(maxlen=DEPARTURES_KEPT)
         self._watched: set[str] = set()
         metrics.demand.set_function(lambda: sum(self.load().demand.values()))
@@ -127,7 +126,6 @@ class Scheduler:
 
     def admit(self, stream: SpeechStream) -> None:
         """Take a new stream: active when there is room for it, else queued; Overloaded past the queue."""
-        self.watch(stream.voice)
         if not self.waiting and self._has_room_for(stream.voice):
             self.active.append(stream)
         elif len(self.waiting) < self.limits.max_queued_streams:
@@ -233,7 +231,8 @@ class Scheduler:
         self.metrics.queued_streams.set(len(self.waiting))
 
     def watch(self, voice: Voice) -> None:
-        """Export ``voice``'s capacity (read when the metrics are scraped)."""
+        """Export ``voice``'s capacity (read when the metrics are scraped); for the server's own voices, not
+        one-off ones, so that the metric's labels stay few."""
         if voice.info.id not in self._watched:
             self._watched.add(voice.info.id)
             self.metrics.capacity.labels(voice.info.id).set_function(lambda: self.capacity(voice) or 0.0)
