@@ -336,7 +336,7 @@ def test_admission_limits_and_cancellation(start_server) -> None:  # type: ignor
     assert wait_for(lambda: server.metric("rtvoice_active_streams") == 0)
 
 
-def test_past_measured_capacity_newcomers_get_503_with_retry_after(start_server) -> None:  # type: ignore[no-untyped-def]
+def test_past_capacity_newcomers_get_503_with_retry_after(start_server) -> None:  # type: ignore[no-untyped-def]
     """With model calls made 10x slower (the cost-scale hook) the machine makes little audio per second; once the
     streams speaking need all of it, a newcomer is refused (no queue here) instead of slowing them down."""
     server: Server = start_server(model_cost_scale="10", max_queued_streams="0")

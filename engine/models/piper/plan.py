@@ -185,10 +185,10 @@ class Planner:
 
         No chunk is smaller than the least one chunks can grow from (``least_chunk``): a chunk whose audio
         ends before the next one can be made leads to a gap whatever follows. Before its first audio a
-        stream takes that least chunk, or under load ``FIRST_CHUNK_SHARE_OF_ROUND`` of a round. After it, the size is the largest that fits the call budget and this
-        stream's own buffer; but never below the size at which the machine keeps up with its load (each
-        frame may cost at most ``1 / (load × safety)`` times what it costs at the largest size), unless the
-        stream's own buffer cannot wait for that.
+        stream takes that least chunk, or under load ``FIRST_CHUNK_SHARE_OF_ROUND`` of a round. After it,
+        the size is the largest that fits the call budget and this stream's own buffer; but never below the
+        size at which the machine keeps up with its load (each frame may cost at most ``1 / (load ×
+        safety)`` times what it costs at the largest size), unless the stream's own buffer cannot wait.
         """
         g = self.g
         first = budget.due_s is None
@@ -200,7 +200,10 @@ class Planner:
             if first:
                 return smallest
             # Frames a chunk may cover with the latent made so far.
-            room = p.frames - p.decoded if p.flowed >= p.frames else p.flowed - g.overlap - g.decoder_context - p.decoded
+            if p.flowed >= p.frames:
+                room = p.frames - p.decoded
+            else:
+                room = p.flowed - g.overlap - g.decoder_context - p.decoded
             largest = max(least, min(g.max_chunk, room))
             steady = (g.max_chunk, g.max_chunk + g.overlap + 2 * g.decoder_context)
             return _choose(lambda n: self.chunk(p, self.chunk_end(p, n)), least, largest, lambda chunk: 0.0, steady,
