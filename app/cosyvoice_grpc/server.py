@@ -27,12 +27,14 @@ import grpc
 from rtvoice.app.cosyvoice_api import cloning_service, prompt_voice, resolve_speaker, takes_instructions
 from rtvoice.app.access import Access
 from rtvoice.app.cosyvoice_grpc import cosyvoice_pb2, cosyvoice_pb2_grpc
+from rtvoice.app.cosyvoice_grpc.guard import Guard
+from rtvoice.app.cosyvoice_grpc.status import status_of
 from rtvoice.app.drain import Drain
 from rtvoice.app.request_context import track_stream
 from rtvoice.app.state import NotReady
 from rtvoice.engine.audio.encoding import wav_header
 from rtvoice.engine.engine import Engine
-from rtvoice.engine.errors import EngineError, InvalidRequest, ModelNotLoaded, Overloaded, UnknownVoice
+from rtvoice.engine.errors import EngineError, InvalidRequest, ModelNotLoaded
 from rtvoice.engine.models.base import SynthesisOptions, Voice
 
 log = logging.getLogger(__name__)
@@ -40,22 +42,6 @@ log = logging.getLogger(__name__)
 METHOD = "/cosyvoice.CosyVoice/Inference"
 PROMPT_RATE = 16_000
 """CosyVoice's clients send prompt audio as raw int16 PCM at 16 kHz."""
-
-
-def status_of(error: EngineError) -> grpc.StatusCode:
-    if isinstance(error, Overloaded) or error.status == 429:  # capacity, or a key's quota
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
-    if error.status == 401:
-        return grpc.StatusCode.UNAUTHENTICATED
-    if isinstance(error, ModelNotLoaded):
-        return grpc.StatusCode.FAILED_PRECONDITION
-    if isinstance(error, UnknownVoice):
-        return grpc.StatusCode.NOT_FOUND
-    if error.status == 503:
-        return grpc.StatusCode.UNAVAILABLE
-    if error.status >= 500:
-        return grpc.StatusCode.INTERNAL
-    return grpc.StatusCode.INVALID_ARGUMENT
 
 
 def prompt_wav(pcm: bytes, param: str = "prompt_audio") -> bytes:
@@ -141,8 +127,6 @@ class CosyVoiceService(cosyvoice_pb2_grpc.CosyVoiceServicer):
 async def start(engine: Engine, host: str, port: int, access: Access | None = None,
                 drain: Drain | None = None) -> grpc.aio.Server:
     """Start the service on ``host:port`` in the running event loop; the caller stops it."""
-    from rtvoice.app.cosyvoice_grpc.guard import Guard
-
     interceptors = [Guard(access, drain)] if access is not None and drain is not None else []
     server = grpc.aio.server(interceptors=interceptors)
     cosyvoice_pb2_grpc.add_CosyVoiceServicer_to_server(CosyVoiceService(engine), server)
