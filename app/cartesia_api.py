@@ -48,8 +48,8 @@ from rtvoice.app.request_context import track_stream
 from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.state import engine_of
 from rtvoice.app.streaming import SpeechResponse, audio_body
-from rtvoice.app.websocket_io import (CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, Gone, SocketWriter, json_of, received,
-                                      serve_session)
+from rtvoice.app.websocket.io import (CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, Gone, SocketWriter, json_of, received,
+                                     serve_session)
 from rtvoice.engine.audio.encoding import Encoder, PcmEncoder, PcmF32Encoder, WavEncoder, create_encoder
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, InvalidRequest, Overloaded

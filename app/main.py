@@ -14,9 +14,8 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
-from rtvoice.app import (cartesia_api, cosyvoice_api, cosyvoice_grpc, errors, openai_speech, ops, piper_api,
-                         websocket_api)
-from rtvoice.app import whep
+from rtvoice.app import cartesia_api, cosyvoice_api, cosyvoice_grpc, errors, openai_speech, ops, piper_api, whep
+from rtvoice.app.websocket.router import router as websocket_router
 from rtvoice.app.access import Access, AccessControl, KeyRing, warn_if_open
 from rtvoice.app.drain import Drain, DrainGate
 from rtvoice.app.limits import BodyLimit, OpenSockets, WebSocketLimits
@@ -97,7 +96,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.include_router(ops.router)
     app.include_router(openai_speech.router)
     app.include_router(cosyvoice_api.router)
-    app.include_router(websocket_api.router)
+    app.include_router(websocket_router)
     app.include_router(cartesia_api.router)
     app.include_router(piper_api.router)
     # Middleware, innermost first: input limits, then keys and quotas, then the drain gate, CORS (so that a 401

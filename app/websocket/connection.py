@@ -1,0 +1,166 @@
+"""One ``/v1/tts/stream`` connection: the receive loop and what each client message does.
+
+``start`` fixes the voice, rate and options of the utterances that follow; ``text`` feeds the open utterance
+(opening one, an engine stream, at the first text); ``flush`` closes its input; ``cancel`` drops every
+utterance and restarts the sender; ``end`` closes the input for good. The sender task (``sender.py``) sends
+the audio; a disconnect drops every utterance, which cancels their streams at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import WebSocket
+
+from rtvoice.app.request_context import track_stream
+from rtvoice.app.websocket.io import CLOSE_GOING_AWAY, Gone, SocketWriter, json_of, received
+from rtvoice.app.websocket.messages import (CancelledEvent, StartedEvent, StartMessage, TextMessage,
+                                            message_type)
+from rtvoice.app.websocket.sender import Sender, shutting_down
+from rtvoice.app.websocket.utterances import Utterance, Utterances
+from rtvoice.engine.engine import Engine
+from rtvoice.engine.errors import EngineError, InvalidRequest
+from rtvoice.engine.models.base import SynthesisOptions, Voice
+from rtvoice.engine.text import is_speakable
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    voice: Voice
+    sample_rate: int
+    options: SynthesisOptions
+
+
+class Connection:
+    def __init__(self, websocket: WebSocket, engine: Engine) -> None:
+        self.ws = websocket
+        self.engine = engine
+        self.config: SessionConfig | None = None
+        self.ending = False
+        """The client sent ``end``."""
+        self.writer = SocketWriter(websocket)
+        self.utterances = Utterances()
+        self.sender = Sender(self.writer, self.utterances)
+
+    async def run(self) -> None:
+        self.sender.start()
+        try:
+            async for frame in received(self.ws):
+                try:
+                    await self._handle(frame)
+                except EngineError as error:
+                    await self.sender.send_error(error)
+                except Gone:
+                    return  # the socket closed under a reply
+        finally:
+            # The client left (or the server closed the socket): free its work at once.
+            self.utterances.drop_all()
+            await self.sender.stop()
+
+    async def _handle(self, frame: dict[str, Any]) -> None:
+        body = json_of(frame)
+        kind = message_type(body)
+        if kind == "start":
+            await self._on_start(body)
+        elif kind == "text":
+            self._on_text(body)
+        elif kind == "flush":
+            self._on_flush()
+        elif kind == "cancel":
+            await self._on_cancel()
+        else:
+            self._on_end()
+
+    # -- messages --------------------------------------------------------------------------------------
+
+    def _check_open_for_input(self) -> None:
+        if self.ending:
+            raise InvalidRequest("the session has ended ('end' was sent); open a new connection", code="input_closed")
+
+    async def _on_start(self, body: dict[str, Any]) -> None:
+        self._check_open_for_input()
+        start = StartMessage.parse(body)
+        self.engine.check_sample_rate(start.sample_rate)
+        voice = self.engine.resolve_voice(start.voice)
+        options = SynthesisOptions(speed=start.speed, seed=start.seed)
+        try:
+            voice.validate(options)
+        except ValueError as error:
+            raise InvalidRequest(str(error), code="invalid_value", param="speed") from error
+        self.config = SessionConfig(voice, start.sample_rate or voice.info.sample_rate, options)
+        await self.sender.send_event(StartedEvent(voice=voice.info.id, sample_rate=self.config.sample_rate,
+                                                  speed=start.speed, seed=start.seed))
+
+    def _on_text(self, body: dict[str, Any]) -> None:
+        self._check_open_for_input()
+        if self.config is None:
+            raise InvalidRequest("send 'start' before 'text'", code="not_started")
+        fragment = TextMessage.parse(body).text
+        if not fragment:
+            return
+        limit = self.engine.settings.max_text_chars
+        held = len(self.utterances.open.text) if self.utterances.open is not None else 0
+        if held + len(fragment) > limit:
+            raise InvalidRequest(f"the utterance would have {held + len(fragment)} characters; the limit is {limit} "
+                                 "(this fragment was dropped; 'flush' to speak what came before it)",
+                                 code="input_too_long", param="text")
+        utterance = self.utterances.open or self._open_utterance()
+        utterance.text += fragment
+        utterance.stream.push_text(fragment)
+        utterance.mark_text()
+
+    def _open_utterance(self) -> Utterance:
+        assert self.config is not None
+        stream = self.engine.open_stream(self.config.voice, self.config.options, self.config.sample_rate)
+        track_stream(stream)
+        return self.utterances.begin(stream)
+
+    def _on_flush(self) -> None:
+        self._check_open_for_input()
+        if self.config is None:
+            raise InvalidRequest("send 'start' before 'flush'", code="not_started")
+        utterance = self.utterances.open
+        if utterance is None or not is_speakable(utterance.text):
+            if utterance is not None:
+                self.utterances.drop(utterance)
+            raise InvalidRequest("nothing to speak: send text with letters or digits before 'flush'",
+                                 code="empty_input")
+        self.utterances.close_input(utterance)
+
+    async def _on_cancel(self) -> None:
+        stopped = [u.index for u in self.utterances.live()]
+        self.utterances.drop_all()
+        # Stop the sender where it is (at most the frame already written goes out), then start a fresh one.
+        await self.sender.stop()
+        if self.writer.closed:
+            return
+        self.sender.start()
+        try:
+            await self.sender.send_event(CancelledEvent(utterances=stopped))
+        except Gone:
+            pass
+
+    def _on_end(self) -> None:
+        self._check_open_for_input()
+        self.ending = True
+        utterance = self.utterances.open
+        if utterance is not None:
+            if is_speakable(utterance.text):
+                self.utterances.close_input(utterance)
+            else:
+                self.utterances.drop(utterance)
+        self.utterances.end()
+
+    # -- the server's handle (``io.serve_session``) -----------------------------------------------------
+
+    def speaking(self) -> bool:
+        """An utterance is being spoken, queued, or taking text."""
+        return bool(self.utterances.live()) or self.utterances.open is not None
+
+    async def shut_down(self) -> None:
+        """The server's drain ran out: stop speaking, say ``server_shutting_down``, close 1001."""
+        self.utterances.drop_all()
+        await self.sender.stop()
+        await self.sender.send_error(shutting_down())
+        await self.writer.close(CLOSE_GOING_AWAY, "server shutting down")
