@@ -18,18 +18,17 @@ from collections.abc import Coroutine
 from typing import Any
 
 from aiortc import RTCPeerConnection
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Gauge
 
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import Overloaded
-from rtvoice.engine.metrics import LATENCY_BUCKETS
 from rtvoice.engine.models.base import Voice
 from rtvoice.engine.settings import Settings
 
-from rtvoice.app.whep.ice import IceServer, link_headers, parse_ice_servers
-from rtvoice.app.whep.resource import WhepResource
+from rtvoice.app.whep.ice import IceServer, link_headers, parse_ice_servers, rtc_configuration
+from rtvoice.app.whep.metrics import WhepMetrics
+from rtvoice.app.whep.resource import SessionContext, WhepResource
 from rtvoice.app.whep.sdp import Offer
-from rtvoice.app.whep.speaker import Utterance
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +48,6 @@ class WhepEndpoint:
         self.ice_servers: list[IceServer] = parse_ice_servers(settings.whep_ice_servers)  # type: ignore[arg-type]
         self.link_headers = link_headers(self.ice_servers)
         self.max_sessions = settings.whep_max_sessions
-        self.max_pending = settings.whep_max_pending_requests
         self.idle_timeout_s = settings.whep_idle_timeout_s
         self.token = settings.whep_token
         self.sessions: dict[str, WhepResource] = {}
@@ -67,21 +65,16 @@ class WhepEndpoint:
         self._gauges[0].set_function(lambda: len(self.sessions))
         self._gauges[1].set_function(self.open_peer_connections)
         self._gauges[2].set_function(lambda: len(self.tasks))
-        self.created = Counter("rtvoice_whep_sessions_created", "WHEP sessions created", registry=registry)
-        self.closed = Counter("rtvoice_whep_sessions_closed", "WHEP sessions closed, by reason", ["reason"],
-                              registry=registry)
-        self.utterances = Counter("rtvoice_whep_utterances", "WHEP utterances by outcome", ["outcome"],
-                                  registry=registry)
-        self.late_frames = Counter("rtvoice_whep_late_frames",
-                                   "Audio frames pulled more than 60 ms after they were due (event loop behind)",
-                                   registry=registry)
-        self.first_frame_seconds = Histogram(
-            "rtvoice_whep_first_frame_seconds",
-            "Text in (POST /speak or a DataChannel message) to its first frame handed to the RTP sender",
-            ["source"], buckets=LATENCY_BUCKETS, registry=registry)
-        self.underrun_seconds = Counter("rtvoice_whep_underrun_seconds",
-                                        "Silence sent inside an utterance because its audio was not ready",
-                                        registry=registry)
+        self.metrics = WhepMetrics(registry)
+        self._session_context = SessionContext(
+            engine=engine,
+            rtc_configuration=rtc_configuration(self.ice_servers),
+            max_pending=settings.whep_max_pending_requests,
+            max_message_bytes=settings.whep_max_message_bytes,
+            metrics=self.metrics,
+            spawn=self.spawn,
+            on_closed=self.forget,
+        )
 
     # -- sessions -----------------------------------------------------------------------------------
 
@@ -92,7 +85,7 @@ class WhepEndpoint:
         self._reserved += 1
         resource = None
         try:
-            resource = WhepResource(self, voice)
+            resource = WhepResource(self._session_context, voice)
             self._peer_connections.add(resource.pc)
             answer = await resource.answer(offer)
         except BaseException:
@@ -102,7 +95,7 @@ class WhepEndpoint:
         finally:
             self._reserved -= 1
         self.sessions[resource.id] = resource
-        self.created.inc()
+        self.metrics.created.inc()
         self._start_sweeper()
         return resource, answer
 
@@ -112,7 +105,7 @@ class WhepEndpoint:
     def forget(self, resource: WhepResource, reason: str) -> None:
         """Called by a closing session: it is no longer reachable."""
         if self.sessions.pop(resource.id, None) is not None:
-            self.closed.labels(reason).inc()
+            self.metrics.closed.labels(reason).inc()
 
     async def close_all(self) -> None:
         """Shutdown: close every session, stop the sweeper, wait for the tasks sessions left."""
@@ -153,20 +146,6 @@ class WhepEndpoint:
                     resource.close_soon("idle_timeout")
 
     # -- counters -----------------------------------------------------------------------------------
-
-    def count_late_frames(self, frames: int) -> None:
-        self.late_frames.inc(frames)
-
-    def count_underrun(self) -> None:
-        self.underrun_seconds.inc(0.02)
-
-    def count_utterance(self, outcome: str) -> None:
-        self.utterances.labels(outcome).inc()
-
-    def observe_first_frame(self, utterance: Utterance) -> None:
-        if utterance.first_frame_at is not None:
-            source = "speak" if utterance.reply_to is None else "datachannel"
-            self.first_frame_seconds.labels(source).observe(utterance.first_frame_at - utterance.accepted_at)
 
     def open_peer_connections(self) -> int:
         return sum(1 for pc in list(self._peer_connections) if pc.connectionState != "closed")

@@ -12,25 +12,24 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
 
-from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.rtcdatachannel import RTCDataChannel
 
+from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, InvalidRequest
 from rtvoice.engine.models.base import Voice
 
-from rtvoice.app.whep.ice import rtc_configuration
+from rtvoice.app.errors import error_fields
 from rtvoice.app.whep.marker import MarkerBitTransport
 from rtvoice.app.whep.mediastreams import SpeechTrack
-from rtvoice.app.errors import error_fields
 from rtvoice.app.whep.messages import Cancel, SpeakRequest, event, parse_message
+from rtvoice.app.whep.metrics import WhepMetrics
 from rtvoice.app.whep.sdp import IceFragment, Offer, SdpError, with_rtcp_mux_only
 from rtvoice.app.whep.speaker import Speaker, Utterance
-
-if TYPE_CHECKING:
-    from rtvoice.app.whep.endpoint import WhepEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +38,26 @@ class IceRestartUnsupported(Exception):
     """The fragment carries new ICE credentials: an ICE restart, which aiortc cannot do."""
 
 
+@dataclass(frozen=True)
+class SessionContext:
+    """What a session needs from the endpoint that creates it, and nothing more (the endpoint builds one)."""
+
+    engine: Engine
+    rtc_configuration: RTCConfiguration
+    max_pending: int
+    """Utterances one session may have playing or queued."""
+    max_message_bytes: int
+    """Largest DataChannel message."""
+    metrics: WhepMetrics
+    spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]]
+    """Start a task the endpoint tracks (and waits for at shutdown)."""
+    on_closed: Callable[[WhepResource, str], None]
+    """Told once, with the reason, when the session closes: it is no longer reachable."""
+
+
 class WhepResource:
-    def __init__(self, endpoint: WhepEndpoint, voice: Voice) -> None:
-        self.endpoint = endpoint
+    def __init__(self, context: SessionContext, voice: Voice) -> None:
+        self.context = context
         self.id = secrets.token_hex(12)
         self.etag = f'"{secrets.token_hex(8)}"'
         """A strong entity-tag for the ICE session; it never changes, as ICE restarts are refused."""
@@ -50,12 +66,12 @@ class WhepResource:
         self.last_activity = self.created_at
         self.closed = False
         self.close_reason: str | None = None
-        self.pc = RTCPeerConnection(rtc_configuration(endpoint.ice_servers))
+        self.pc = RTCPeerConnection(context.rtc_configuration)
         self.track = SpeechTrack()
-        self.track.on_late = endpoint.count_late_frames
-        self.track.on_underrun = endpoint.count_underrun
-        self.speaker = Speaker(endpoint.engine, self.track, voice, self._emit, endpoint.max_pending,
-                               self._spawn, endpoint.count_utterance, endpoint.observe_first_frame)
+        self.track.on_late = context.metrics.count_late_frames
+        self.track.on_underrun = context.metrics.count_underrun
+        self.speaker = Speaker(context.engine, self.track, voice, self._emit, context.max_pending,
+                               self._spawn, context.metrics.count_utterance, context.metrics.observe_first_frame)
         self.channels: list[RTCDataChannel] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._offer: Offer | None = None
@@ -157,7 +173,7 @@ class WhepResource:
         self.touch()
         request_id = None
         try:
-            limit = self.endpoint.settings.whep_max_message_bytes
+            limit = self.context.max_message_bytes
             if len(data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")) > limit:
                 raise InvalidRequest(f"the message is larger than {limit} bytes", code="message_too_large")
             message = parse_message(data)
@@ -198,8 +214,8 @@ class WhepResource:
             return 0.0
         return now - self.last_activity
 
-    def _spawn(self, coroutine: object, name: str) -> asyncio.Task[None]:
-        task = self.endpoint.spawn(coroutine, f"{name}-{self.id[:8]}")
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = self.context.spawn(coroutine, f"{name}-{self.id[:8]}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -210,16 +226,16 @@ class WhepResource:
             self.close_soon(f"connection_{state}")
 
     def close_soon(self, reason: str) -> None:
-        """Close from a callback: the work runs in a task the endpoint tracks."""
+        """Close from a callback: the work runs in a task the endpoint tracks (``context.spawn``)."""
         if self._closing is None and not self.closed:
-            self._closing = self.endpoint.spawn(self.close(reason), f"whep-close-{self.id[:8]}")
+            self._closing = self.context.spawn(self.close(reason), f"whep-close-{self.id[:8]}")
 
     async def close(self, reason: str) -> None:
         if self.closed:
             return
         self.closed = True
         self.close_reason = reason
-        self.endpoint.forget(self, reason)
+        self.context.on_closed(self, reason)
         self.speaker.close()
         for task in list(self._tasks):
             task.cancel()
