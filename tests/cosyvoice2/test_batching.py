@@ -308,7 +308,7 @@ def test_token2wav_same_stream_twice_is_refused(model: Any) -> None:
 def test_voice_batches_token2wav_chunks_through_the_service(serving_service: Any) -> None:
     """The voice hands a batch of token2wav payloads to one batched call: each result equals its solo call;
     the limit is 1 on a CPU unless set."""
-    from rtvoice.engine.models.cosyvoice2.voice import Token2WavJob
+    from rtvoice.engine.models.cosyvoice2.steps import Token2WavJob
 
     voice = serving_service.speakers["cosyvoice2-saved"]
     assert voice.max_batch("token2wav") == (1 if serving_service.device.type == "cpu" else 8)

@@ -19,7 +19,8 @@ require("kaldi_native_fbank")
 from rtvoice.engine.models.base import SynthesisOptions  # noqa: E402
 from rtvoice.engine.models.cosyvoice2.frontend import END_OF_PROMPT  # noqa: E402
 from rtvoice.engine.models.cosyvoice2.token2wav import MAX_HOP_FACTOR, MEL_CACHE_FRAMES  # noqa: E402
-from rtvoice.engine.models.cosyvoice2.voice import CosyVoice2Session, PrefillJob  # noqa: E402
+from rtvoice.engine.models.cosyvoice2.steps import PrefillJob  # noqa: E402
+from rtvoice.engine.models.cosyvoice2.voice import CosyVoice2Session  # noqa: E402
 from tests.cosyvoice2.standins import tone_wav  # noqa: E402
 
 SAMPLES_PER_TOKEN = 2 * 480  # two mel frames of 480 samples at 24 kHz
@@ -212,6 +213,6 @@ def test_concurrent_streams_through_the_engine(serving_service: Any) -> None:
 
 
 def test_warmup_runs_on_the_fixture(serving_service: Any) -> None:
-    serving_service._warm = False
+    serving_service.runner._warm = False
     serving_service.warmup()
-    assert serving_service._warm
+    assert serving_service.runner._warm

@@ -9,34 +9,22 @@ them and for one-off prompts, and runs the batched steps of all of them.
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from rtvoice.engine.models.base import VoiceInfo
 
-from .frontend import Frontend, PromptAudio, PromptFeatures, ids_tensor, load_prompt_audio, load_tokenizer
 from .files import CosyVoiceDirError, check_model_dir
-from .loader import QWEN_DIR
+from .frontend import Frontend, PromptAudio, PromptFeatures, load_prompt_audio
 from .model import CosyVoice2Model
-from .voice import (
-    MAX_TOKEN_TEXT_RATIO,
-    MIN_TOKEN_TEXT_RATIO,
-    CosyVoice2Voice,
-    DecodeJob,
-    LMResult,
-    Mode,
-    PrefillJob,
-    Token2WavJob,
-)
+from .runner import MODEL_NAME, CosyVoice2Runner
+from .voice import CosyVoice2Voice, Mode
 from .voice_store import SavedVoice, VoiceStore
 
 log = logging.getLogger(__name__)
 
-MODEL_NAME = "cosyvoice2"
 LANGUAGE = "mul"
 """CosyVoice2 speaks Chinese, English, Japanese, Korean and Cantonese (ISO 639 'mul')."""
 
@@ -75,41 +63,15 @@ def spk2info_features(entry: dict[str, Any], mel_bins: int) -> PromptFeatures:
     raise ValueError(f"unrecognised spk2info entry with keys {sorted(entry)}")
 
 
-GPU_TOKEN2WAV_BATCH = 8
-"""Token-to-wave chunks per call on a GPU unless set (``RTVOICE_COSYVOICE_TOKEN2WAV_BATCH``); 1 on a CPU."""
-
-
-def default_token2wav_batch(device: torch.device) -> int:
-    # On a CPU a padded flow batch costs about what its rows cost one by one (bench/cosyvoice2_scale.py),
-    # and one long call delays every other stream's next step; on a GPU it is nearly free.
-    return GPU_TOKEN2WAV_BATCH if device.type == "cuda" else 1
-
-
 class CosyVoice2Service:
     def __init__(self, model: CosyVoice2Model, model_dir: Path, device: torch.device,
                  store: VoiceStore | None, threads: int = 1, token2wav_batch: int | None = None) -> None:
-        self.model = model
-        self.threads = max(1, threads)
+        self.runner = CosyVoice2Runner(model, model_dir, device, threads, token2wav_batch)
+        """Runs the steps of every voice of this model."""
         self.model_dir = model_dir
-        self.device = device
-        self.token2wav_batch = max(1, token2wav_batch or default_token2wav_batch(device))
-        """Most token-to-wave chunks one call takes (the voices' ``max_batch('token2wav')``)."""
         self.estimator_backend = "torch"
         """What runs the flow estimator: 'torch', 'trt-fp16' or 'trt-fp32' (see ``trt.py``)."""
-        self.model_key = f"{MODEL_NAME}:{model_dir.resolve()}"
-        """Batch keys carry this, so steps of every voice of this model may share a call."""
         self.store = store
-        vocab = model.llm.backbone.config.vocab_size
-        self.frontend = Frontend(
-            load_tokenizer(model_dir / QWEN_DIR, vocab), model.mel, model.sample_rate, model.config.token_mel_ratio,
-            model.speech_tokenizer, model.campplus,
-        )
-        noise_frames = model.flow.decoder.rand_noise.shape[2]
-        self.max_flow_tokens = noise_frames // model.config.token_mel_ratio - 1
-        """Prompt plus speech tokens one flow call can take (its fixed noise is that long)."""
-        self.mel_bins = model.config.flow.output_size
-        self._warm = False
-        self._warm_lock = threading.Lock()
         self.speakers: dict[str, CosyVoice2Voice] = {}
         for name, entry in sorted(model.spk2info.items()):
             try:
@@ -157,6 +119,26 @@ class CosyVoice2Service:
         return setup
 
     @property
+    def model(self) -> CosyVoice2Model:
+        return self.runner.model
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def frontend(self) -> Frontend:
+        return self.runner.frontend
+
+    @property
+    def mel_bins(self) -> int:
+        return self.runner.mel_bins
+
+    @property
+    def token2wav_batch(self) -> int:
+        return self.runner.token2wav_batch
+
+    @property
     def sample_rate(self) -> int:
         return self.model.sample_rate
 
@@ -167,7 +149,7 @@ class CosyVoice2Service:
                    language: str = LANGUAGE) -> CosyVoice2Voice:
         info = VoiceInfo(id=voice_id, name=name or voice_id, language=language, sample_rate=self.sample_rate,
                          model=MODEL_NAME, description=description)
-        return CosyVoice2Voice(self, info, features.to(self.device), mode=mode, instructions=instructions,
+        return CosyVoice2Voice(self.runner, info, features.to(self.device), mode=mode, instructions=instructions,
                                source=source)
 
     def registered_voices(self) -> list[CosyVoice2Voice]:
@@ -192,7 +174,7 @@ class CosyVoice2Service:
 
     def prompt_features(self, audio: PromptAudio, prompt_text: str = "") -> PromptFeatures:
         """Speech tokens, prompt mel, embedding (and the transcript's ids). Blocking: call from a thread."""
-        self._threads()
+        self.runner.use_threads()
         return self.frontend.features(audio, prompt_text)
 
     def prompt_voice(self, features: PromptFeatures, mode: Mode, instructions: str | None = None) -> CosyVoice2Voice:
@@ -218,73 +200,7 @@ class CosyVoice2Service:
         if self.store is not None:
             self.store.delete(voice_id)
 
-    # -- batched steps ----------------------------------------------------------------------------
-
-    def _threads(self) -> None:
-        # torch keeps its intra-op thread count per OS thread (OpenMP); runner threads may predate the load.
-        if torch.get_num_threads() != self.threads:
-            torch.set_num_threads(self.threads)
-
-    def run(self, kind: str, payloads: list[Any]) -> list[Any]:
-        self._threads()
-        if kind == "lm":
-            return self._lm(payloads)
-        if kind == "token2wav":
-            return self._token2wav(payloads)
-        raise ValueError(f"unknown step kind {kind!r}")
-
-    def _lm(self, jobs: list[PrefillJob | DecodeJob]) -> list[LMResult]:
-        llm = self.model.llm
-        streams = []
-        for job in jobs:
-            if isinstance(job, PrefillJob):
-                text_ids = ids_tensor(job.text_ids, self.device)
-                stream = llm.start(text_ids, job.prompt.text_ids, job.prompt.speech_tokens,
-                                   generator=job.generator, min_token_text_ratio=MIN_TOKEN_TEXT_RATIO,
-                                   max_token_text_ratio=MAX_TOKEN_TEXT_RATIO)
-                stream.max_len = min(stream.max_len, job.max_tokens)
-                stream.min_len = min(stream.min_len, stream.max_len)
-                stream.finished = stream.max_len <= 0
-                streams.append(stream)
-            else:
-                streams.append(job.stream)
-        live = [s for s in streams if not s.finished]
-        tokens: dict[int, int | None] = {}
-        if live:
-            for stream, logp in zip(live, llm.forward_step(live), strict=True):
-                tokens[id(stream)] = llm.choose(stream, logp)
-        return [LMResult(stream, tokens.get(id(stream))) for stream in streams]
-
-    def _token2wav(self, jobs: list[Token2WavJob]) -> list[np.ndarray]:
-        chunks = self.model.token2wav.step_many([job.stream for job in jobs])
-        return [speech.reshape(-1).float().cpu().numpy() for speech in chunks]
-
-    # -- warmup -----------------------------------------------------------------------------------
-
     def warmup(self) -> None:
-        """Every code path once (prefill, decode steps, a streaming chunk, a final chunk), once per model."""
-        with self._warm_lock:
-            if self._warm:
-                return
-            self._threads()
-            llm, t2w = self.model.llm, self.model.token2wav
-            generator = torch.Generator(device=self.device).manual_seed(0)
-            empty = torch.zeros(1, 0, dtype=torch.int32, device=self.device)
-            text = ids_tensor(self.frontend.text_ids("Warming up."), self.device)
-            stream = llm.start(text, empty, empty, generator=generator)
-            for _ in range(3):
-                logp = llm.forward_step([stream])[0]
-                llm.choose(stream, logp)
-            prompt = next(iter(self.speakers.values())).flow_prompt if self.speakers else None
-            if prompt is None:
-                from .token2wav import FlowPrompt
-
-                prompt = FlowPrompt(empty, torch.zeros(1, 0, self.mel_bins, device=self.device),
-                                    torch.zeros(1, self.model.config.flow.spk_embed_dim, device=self.device))
-            chunks = t2w.stream(prompt, generator)
-            chunks.add_tokens([1] * (t2w.chunk_size * 2 + t2w.pre_lookahead))
-            chunks.step()
-            chunks.end()
-            while chunks.ready():
-                chunks.step()
-            self._warm = True
+        """Every code path of the model once (``CosyVoice2Runner.warmup``), with the first speaker's prompt."""
+        speaker = next(iter(self.speakers.values()), None)
+        self.runner.warmup(None if speaker is None else speaker.flow_prompt)

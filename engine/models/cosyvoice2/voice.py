@@ -9,8 +9,9 @@ of the next token; once the LM stops, the final chunk flushes the rest. The next
 when this one's audio is complete.
 
 Every voice of one loaded model (spk2info speakers, registered voices, the one-off voice of a
-zero-shot request) shares its weights: batch keys name the model, not the voice, and every payload
-carries its stream's own state and prompt, so steps of different speakers share a call. A session
+zero-shot request) holds the model's one ``CosyVoice2Runner`` (``runner.py``), which runs the steps:
+batch keys name the model, not the voice, and every payload (``steps.py``) carries its stream's own
+state and prompt, so steps of different speakers share a call. A session
 holds all per-request state: the LM stream (KV cache, tokens), the token-to-wave stream (hop,
 caches) and two private generators seeded from the request's seed (sampling; HiFT's source).
 
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -41,61 +42,19 @@ from rtvoice.engine.models.base import Step, SynthesisOptions, Voice, VoiceInfo,
 
 from .frontend import END_OF_PROMPT, PromptFeatures, ids_tensor, normalize_segment
 from .llm import LMStream
+from .runner import CosyVoice2Runner
 from .sampling import new_generator
+from .steps import LMPrompt, LMResult, NextTokenJob, PrefillJob, Token2WavJob
 from .token2wav import FlowPrompt, Token2WavStream
-
-if TYPE_CHECKING:
-    from .service import CosyVoice2Service
 
 Mode = Literal["sft", "zero_shot", "cross_lingual", "instruct2"]
 MODES: tuple[Mode, ...] = ("sft", "zero_shot", "cross_lingual", "instruct2")
-
-MIN_TOKEN_TEXT_RATIO = 2.0
-MAX_TOKEN_TEXT_RATIO = 20.0
-"""The LM makes between 2 and 20 speech tokens per text token (the reference's bounds)."""
 
 
 def instruction_text(instructions: str) -> str:
     """An instruct2 prompt: the instruction ending in ``<|endofprompt|>`` (added when missing)."""
     text = instructions.strip()
     return text if text.endswith(END_OF_PROMPT) else text + END_OF_PROMPT
-
-
-@dataclass(frozen=True)
-class LMPrompt:
-    text_ids: torch.Tensor
-    """[1, P] text ids before the segment's text (prompt text or instruction)."""
-    speech_tokens: torch.Tensor
-    """[1, S] speech tokens after the task id (zero-shot's prompt tokens)."""
-
-
-# -- payloads and results -------------------------------------------------------------------------
-
-@dataclass
-class PrefillJob:
-    text_ids: list[int]
-    """The segment's text ids; the tensor is made in the runner, not each time the scheduler asks."""
-    prompt: LMPrompt
-    generator: torch.Generator
-    max_tokens: int
-    """Cap on tokens so that prompt + speech fit the flow's fixed noise."""
-
-
-@dataclass
-class DecodeJob:
-    stream: LMStream
-
-
-@dataclass
-class LMResult:
-    stream: LMStream
-    token: int | None
-    """The new token, or None when the LM stopped (a stop token, or no text to speak)."""
-
-
-@dataclass
-class Token2WavJob:
-    stream: Token2WavStream
 
 
 @dataclass
@@ -112,9 +71,9 @@ class _Segment:
 class CosyVoice2Voice(Voice):
     """One speaker of a loaded CosyVoice2 model, in one mode."""
 
-    def __init__(self, service: CosyVoice2Service, info: VoiceInfo, features: PromptFeatures,
+    def __init__(self, runner: CosyVoice2Runner, info: VoiceInfo, features: PromptFeatures,
                  mode: Mode | None = None, instructions: str | None = None, source: str = "") -> None:
-        self.service = service
+        self.runner = runner
         self.info = info
         self.features = features
         has_prompt_speech = features.speech_tokens.shape[1] > 0
@@ -132,7 +91,7 @@ class CosyVoice2Voice(Voice):
         self.instructions = instructions
         self.source = source
         """Where the voice came from: 'spk2info', 'registered', or 'request' (a one-off prompt)."""
-        device = service.device
+        device = runner.device
         self.flow_prompt = FlowPrompt(
             tokens=features.speech_tokens.to(device),
             feat=features.speech_feat.to(device),
@@ -141,19 +100,19 @@ class CosyVoice2Voice(Voice):
         self.lm_prompt = self._lm_prompt(self.mode, instructions)
 
     def _lm_prompt(self, mode: Mode, instructions: str | None) -> LMPrompt:
-        device = self.service.device
+        device = self.runner.device
         empty = torch.zeros(1, 0, dtype=torch.int32, device=device)
         if mode == "zero_shot":
             assert self.features.prompt_text_ids is not None
             return LMPrompt(self.features.prompt_text_ids.to(device), self.features.speech_tokens.to(device))
         if mode == "instruct2":
             assert instructions is not None
-            return LMPrompt(ids_tensor(self.service.frontend.text_ids(instruction_text(instructions)), device), empty)
+            return LMPrompt(ids_tensor(self.runner.frontend.text_ids(instruction_text(instructions)), device), empty)
         return LMPrompt(empty, empty)  # sft, cross_lingual: the LM sees only the text to speak
 
     @property
     def model_key(self) -> str:
-        return self.service.model_key
+        return self.runner.model_key
 
     def open_session(self, options: SynthesisOptions) -> CosyVoice2Session:
         self.validate(options)
@@ -170,29 +129,29 @@ class CosyVoice2Voice(Voice):
 
     # LM steps of many streams share one batched backbone pass (``Qwen2LM.forward_step``); token-to-wave
     # chunks of several streams share one padded flow call (and HiFT calls per window length) up to the
-    # service's limit: 1 on a CPU, where a batch costs as much as its rows run one by one (bench/cosyvoice2_scale.py),
+    # runner's limit: 1 on a CPU, where a batch costs as much as its rows run one by one (bench/cosyvoice2_scale.py),
     # more on a GPU.
     BATCH_LIMITS = {"lm": 1 << 16, "token2wav": 1}
 
     def max_batch(self, kind: str) -> int:
         if kind == "token2wav":
-            return self.service.token2wav_batch
+            return self.runner.token2wav_batch
         return self.BATCH_LIMITS.get(kind, 1)
 
     def run(self, kind: str, payloads: list[Any]) -> list[Any]:
         # Any voice of the model runs any payload of the model: payloads carry their own prompts.
-        return self.service.run(kind, payloads)
+        return self.runner.run(kind, payloads)
 
     def warmup(self) -> None:
-        self.service.warmup()
+        self.runner.warmup(self.flow_prompt)
 
 
 class CosyVoice2Session(VoiceSession):
     def __init__(self, voice: CosyVoice2Voice, options: SynthesisOptions, lm_prompt: LMPrompt) -> None:
         self.voice = voice
-        self.service = voice.service
+        self.runner = voice.runner
         self.lm_prompt = lm_prompt
-        device = self.service.device
+        device = self.runner.device
         # One generator for token sampling and one for HiFT's source: the tokens do not depend on
         # how chunks interleave with decode steps. Seeded from the request's seed when it has one.
         self.lm_generator = new_generator(options.seed, device=device)
@@ -200,7 +159,7 @@ class CosyVoice2Session(VoiceSession):
         self.pending: deque[_Segment] = deque()
         self.current: _Segment | None = None
         # The flow takes prompt + speech tokens against its fixed noise, which bounds their sum.
-        self.max_tokens = max(0, self.service.max_flow_tokens - voice.flow_prompt.tokens.shape[1])
+        self.max_tokens = max(0, self.runner.max_flow_tokens - voice.flow_prompt.tokens.shape[1])
 
     @property
     def idle(self) -> bool:
@@ -208,7 +167,7 @@ class CosyVoice2Session(VoiceSession):
 
     def add_segment(self, text: str) -> None:
         text = normalize_segment(text)
-        self.pending.append(_Segment(text=text, text_ids=self.service.frontend.text_ids(text)))
+        self.pending.append(_Segment(text=text, text_ids=self.runner.frontend.text_ids(text)))
 
     def next_step(self) -> Step | None:
         # Pure: it describes the next step without changing the session.
@@ -228,7 +187,7 @@ class CosyVoice2Session(VoiceSession):
             flow_tokens = segment.t2w.prompt.tokens.shape[1] + len(segment.t2w.tokens)
             return Step("token2wav", ("token2wav", key, flow_tokens.bit_length()), Token2WavJob(segment.t2w), self)
         if not segment.lm.finished:
-            return Step("lm", ("lm", key, "decode"), DecodeJob(segment.lm), self)
+            return Step("lm", ("lm", key, "decode"), NextTokenJob(segment.lm), self)
         raise AssertionError("a segment whose LM stopped is either flushing or done")
 
     def complete(self, step: Step, result: Any) -> np.ndarray | None:
@@ -237,7 +196,7 @@ class CosyVoice2Session(VoiceSession):
             if isinstance(step.payload, PrefillJob):
                 segment = self.pending.popleft()
                 segment.lm = lm_result.stream
-                segment.t2w = self.service.model.token2wav.stream(self.voice.flow_prompt, self.vocoder_generator)
+                segment.t2w = self.runner.model.token2wav.stream(self.voice.flow_prompt, self.vocoder_generator)
                 self.current = segment
             segment = self.current
             assert segment is not None and segment.t2w is not None
