@@ -43,4 +43,4 @@ async def shutdown(app: FastAPI, notify: bool = False) -> None:
 def speaking(app: FastAPI) -> bool:
     """Some session has an utterance playing or queued (a drain waits for it)."""
     endpoint: WhepEndpoint | None = getattr(app.state, "whep", None)
-    return endpoint is not None and any(r.speaker.pending for r in endpoint.sessions.values())
+    return endpoint is not None and any(r.playback.pending for r in endpoint.sessions.values())

@@ -2,7 +2,7 @@
 
 aiortc's RTP sender pulls ``recv()`` in a loop. Each call waits until its frame
 is due, then returns the next queued speech frame, or silence. Marks queued
-between frames run when playback reaches them: that is how the speaker learns
+between frames run when playback reaches them: that is how the playback queue learns
 when an utterance's first and last frames actually leave.
 
 Media starts with the session's first text (``activate``), not when the
@@ -99,7 +99,7 @@ class SpeechTrack(MediaStreamTrack):
         """Frames of RTP time passed over because a pull came late (heard as a concealed gap)."""
         self.underrun_frames = 0
         self.expecting = False
-        """Set by the speaker while an utterance is under way: an empty queue then is an underrun."""
+        """Set by the playback queue while an utterance is under way: an empty queue then is an underrun."""
         self.on_late: Callable[[int], None] | None = None
         self.on_underrun: Callable[[], None] | None = None
 

@@ -1,5 +1,6 @@
 """WHEP's counters in the engine's Prometheus registry: sessions created and closed, utterances by outcome, late
-and underrun frames, time to the first frame. The endpoint makes one; sessions and their speakers count into it."""
+and underrun frames, time to the first frame. The endpoint makes one; sessions and their playback queues count
+into it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from rtvoice.engine.metrics import LATENCY_BUCKETS
 
 from rtvoice.app.whep.mediastreams import FRAME_S
-from rtvoice.app.whep.speaker import Utterance
+from rtvoice.app.whep.playback_queue import QueuedUtterance
 
 
 class WhepMetrics:
@@ -38,7 +39,7 @@ class WhepMetrics:
     def count_utterance(self, outcome: str) -> None:
         self.utterances.labels(outcome).inc()
 
-    def observe_first_frame(self, utterance: Utterance) -> None:
+    def observe_first_frame(self, utterance: QueuedUtterance) -> None:
         if utterance.first_frame_at is not None:
             source = "speak" if utterance.reply_to is None else "datachannel"
             self.first_frame_seconds.labels(source).observe(utterance.first_frame_at - utterance.accepted_at)

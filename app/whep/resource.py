@@ -1,4 +1,4 @@
-"""A WHEP session resource: one player's peer connection, its speech track, DataChannels and speaker.
+"""A WHEP session resource: one player's peer connection, its speech track, DataChannels and playback queue.
 
 Created by ``POST /whep`` from the player's offer; changed by ``PATCH`` (trickle
 ICE); ended by ``DELETE``, by the peer connection failing or closing, or by the
@@ -29,7 +29,7 @@ from rtvoice.app.whep.mediastreams import SpeechTrack
 from rtvoice.app.whep.messages import Cancel, SpeakRequest, event, parse_message
 from rtvoice.app.whep.metrics import WhepMetrics
 from rtvoice.app.whep.sdp import IceFragment, Offer, SdpError, with_rtcp_mux_only
-from rtvoice.app.whep.speaker import Speaker, Utterance
+from rtvoice.app.whep.playback_queue import PlaybackQueue, QueuedUtterance
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class WhepResource:
         self.track = SpeechTrack()
         self.track.on_late = context.metrics.count_late_frames
         self.track.on_underrun = context.metrics.count_underrun
-        self.speaker = Speaker(context.engine, self.track, voice, self._emit, context.max_pending,
+        self.playback = PlaybackQueue(context.engine, self.track, voice, self._emit, context.max_pending,
                                self._spawn, context.metrics.count_utterance, context.metrics.observe_first_frame)
         self.channels: list[RTCDataChannel] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -144,17 +144,17 @@ class WhepResource:
 
     # -- text in, events out ------------------------------------------------------------------------
 
-    def speak(self, request: SpeakRequest, reply_to: RTCDataChannel | None = None) -> Utterance:
+    def speak(self, request: SpeakRequest, reply_to: RTCDataChannel | None = None) -> QueuedUtterance:
         """Queue an utterance (raises EngineError); an ``accepted`` event goes to where it came from."""
         self.touch()
-        utterance = self.speaker.submit(request, reply_to)
+        utterance = self.playback.submit(request, reply_to)
         self._emit(event("accepted", request_id=utterance.id, voice=utterance.voice.info.id,
-                         queue_position=self.speaker.queue_position(utterance)), reply_to)
+                         queue_position=self.playback.queue_position(utterance)), reply_to)
         return utterance
 
-    def cancel(self) -> list[Utterance]:
+    def cancel(self) -> list[QueuedUtterance]:
         self.touch()
-        return self.speaker.cancel()
+        return self.playback.cancel()
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         self.channels.append(channel)
@@ -236,7 +236,7 @@ class WhepResource:
         self.closed = True
         self.close_reason = reason
         self.context.on_closed(self, reason)
-        self.speaker.close()
+        self.playback.close()
         for task in list(self._tasks):
             task.cancel()
         self.track.stop()

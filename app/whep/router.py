@@ -177,7 +177,7 @@ async def speak(request: Request, session_id: str) -> Response:
     except EngineError as error:
         return engine_error_response(error)
     return JSONResponse({"request_id": utterance.id, "voice": utterance.voice.info.id,
-                         "queue_position": found.speaker.queue_position(utterance)}, status_code=202)
+                         "queue_position": found.playback.queue_position(utterance)}, status_code=202)
 
 
 @router.delete("/whep/{session_id}/speak", status_code=200)

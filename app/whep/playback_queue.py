@@ -1,4 +1,4 @@
-"""A session's utterances: each through the engine, one after another, onto the session's audio track.
+"""A WHEP session's playback queue: its utterances, each through the engine, one after another, onto its audio track.
 
 A request's text and voice are checked when it arrives. When nothing else is
 pending its engine stream opens at once, so an overloaded server refuses it
@@ -32,7 +32,7 @@ from rtvoice.app.whep.mediastreams import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE, S
 from rtvoice.app.whep.messages import SpeakRequest, event
 
 MAX_QUEUED_AUDIO_S = 2.0
-"""Speech the speaker puts on the track ahead of playback; the engine's own backpressure does the rest."""
+"""Speech the queue puts on the track ahead of playback; the engine's own backpressure does the rest."""
 
 _ids = itertools.count(1)
 
@@ -52,7 +52,7 @@ Emit = Callable[[str, "object | None"], None]
 
 
 @dataclass(eq=False)
-class Utterance:
+class QueuedUtterance:
     id: str
     text: str
     voice: Voice
@@ -69,10 +69,10 @@ class Utterance:
     frames: int = 0
 
 
-class Speaker:
+class PlaybackQueue:
     def __init__(self, engine: Engine, track: SpeechTrack, voice: Voice, emit: Emit, max_pending: int,
                  spawn: Callable[..., asyncio.Task[None]], on_outcome: Callable[[str], None] | None = None,
-                 on_first_frame: Callable[[Utterance], None] | None = None) -> None:
+                 on_first_frame: Callable[[QueuedUtterance], None] | None = None) -> None:
         self.engine = engine
         self.track = track
         self.voice = voice
@@ -81,9 +81,9 @@ class Speaker:
         self._spawn = spawn
         self._on_outcome = on_outcome
         self._on_first_frame_sent = on_first_frame
-        self._pending: deque[Utterance] = deque()
+        self._pending: deque[QueuedUtterance] = deque()
         """Accepted and not finished, in playback order (the first may be playing)."""
-        self._to_pump: deque[Utterance] = deque()
+        self._to_pump: deque[QueuedUtterance] = deque()
         self._task: asyncio.Task[None] | None = None
         self.closed = False
 
@@ -93,7 +93,7 @@ class Speaker:
 
     # -- requests -----------------------------------------------------------------------------------
 
-    def submit(self, request: SpeakRequest, reply_to: object | None = None) -> Utterance:
+    def submit(self, request: SpeakRequest, reply_to: object | None = None) -> QueuedUtterance:
         """Check and admit one utterance, or raise EngineError (bad text or voice, overloaded, queue full)."""
         if self.closed:
             raise EngineError("the session is closed", code="session_closed")
@@ -106,20 +106,20 @@ class Speaker:
         stream = None
         if not self._pending:
             stream = self.engine.open_stream(voice, options, SAMPLE_RATE, text=request.text)
-        utterance = Utterance(request.request_id or f"u{next(_ids)}", request.text, voice, options, stream,
+        utterance = QueuedUtterance(request.request_id or f"u{next(_ids)}", request.text, voice, options, stream,
                               reply_to)
         self._pending.append(utterance)
         self._to_pump.append(utterance)
         self.track.activate()
         if self._task is None or self._task.done():
-            self._task = self._spawn(self._run(), "whep-speaker")
+            self._task = self._spawn(self._run(), "whep-playback")
         return utterance
 
-    def queue_position(self, utterance: Utterance) -> int:
+    def queue_position(self, utterance: QueuedUtterance) -> int:
         """0 for the utterance playing (or next to), 1 for the one after it, and so on."""
         return list(self._pending).index(utterance) if utterance in self._pending else 0
 
-    def cancel(self) -> list[Utterance]:
+    def cancel(self) -> list[QueuedUtterance]:
         """Barge-in: stop the utterance playing and drop the queued ones; returns them."""
         cancelled = list(self._pending)
         self._pending.clear()
@@ -160,7 +160,7 @@ class Speaker:
             utterance = self._to_pump.popleft()
             await self._pump(utterance)
 
-    async def _pump(self, utterance: Utterance) -> None:
+    async def _pump(self, utterance: QueuedUtterance) -> None:
         """Cut the stream's audio into 20 ms frames and queue them on the track, a little ahead of playback."""
         if utterance.stream is None:
             try:
@@ -198,7 +198,7 @@ class Speaker:
             self.track.expecting = False
         self.track.mark(lambda u=utterance: self._on_last_frame(u))
 
-    def _on_first_frame(self, utterance: Utterance) -> None:
+    def _on_first_frame(self, utterance: QueuedUtterance) -> None:
         if utterance.state != "queued":
             return
         utterance.state = "speaking"
@@ -209,7 +209,7 @@ class Speaker:
         if self._on_first_frame_sent is not None:
             self._on_first_frame_sent(utterance)
 
-    def _on_last_frame(self, utterance: Utterance) -> None:
+    def _on_last_frame(self, utterance: QueuedUtterance) -> None:
         if utterance in self._pending:
             self._pending.remove(utterance)
         if utterance.state in ("queued", "speaking"):
@@ -217,7 +217,7 @@ class Speaker:
             self._send(utterance, "done", audio_s=round(utterance.frames * FRAME_S, 3))
             self._outcome("done")
 
-    def _send(self, utterance: Utterance, kind: str, **fields: object) -> None:
+    def _send(self, utterance: QueuedUtterance, kind: str, **fields: object) -> None:
         if not self.closed:
             self._emit(event(kind, request_id=utterance.id, **fields), utterance.reply_to)
 
