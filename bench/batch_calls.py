@@ -27,7 +27,7 @@ def first_step(voice: PiperVoice, kind: str, seed: int) -> Step:
         full_chunk = step.kind != "decode" or step.payload.end - step.payload.start >= voice.geometry.max_chunk
         if step.kind == kind and full_chunk:
             return step
-        (result,) = voice.run(step.kind, [step.payload])
+        (result,) = voice.run([step.payload])
         session.complete(step, result)
 
 
@@ -38,15 +38,15 @@ def main(repeats: int = 3) -> None:
     for kind in ("encode", "flow", "decode"):
         for size in (1, 2, 4, 8):
             payloads = [first_step(voice, kind, seed).payload for seed in range(size)]
-            voice.run(kind, payloads)
+            voice.run(payloads)
             start = time.perf_counter()
             for _ in range(repeats):
-                voice.run(kind, payloads)
+                voice.run(payloads)
             batched = (time.perf_counter() - start) / repeats
             start = time.perf_counter()
             for _ in range(repeats):
                 for payload in payloads:
-                    voice.run(kind, [payload])
+                    voice.run([payload])
             singly = (time.perf_counter() - start) / repeats
             print(f"{kind:8} {size:5d} {batched * 1e3:11.1f} {singly * 1e3:10.1f} {batched / singly:6.2f}")
 

@@ -72,7 +72,7 @@ class EngineCore:
 
     async def _execute(self, batch: Batch) -> None:
         try:
-            output = await self.runner.run(batch.voice, batch.kind, batch.payloads)
+            output = await self.runner.run(batch.voice, batch.payloads)
         except Exception as error:
             log.exception("%s call failed", batch.kind)
             self.scheduler.fail(batch, error)
@@ -105,7 +105,7 @@ class EngineCore:
             step = session.plan_step(budget)
             if step is None:
                 return
-            output = await self.runner.run(voice, step.kind, [step.payload])
+            output = await self.runner.run(voice, [step.payload])
             costs.observe_call(voice.cost_key, step.kind, step.size, output.seconds, all_slots_busy=True)
             audio = session.complete(step, output.results[0])
             audio_s = 0.0 if audio is None else len(audio) / voice.info.sample_rate

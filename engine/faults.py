@@ -9,13 +9,14 @@ model call that raises fails its own streams and nothing else. Off (empty) by de
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from rtvoice.engine.models.base import CostEstimate, Step, StepBudget, SynthesisOptions, Voice, VoiceSession
+from rtvoice.engine.models.base import (CostEstimate, Step, StepBudget, StepPayload, SynthesisOptions, Voice,
+                                        VoiceSession)
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +44,12 @@ def parse_faults(text: str) -> list[Fault]:
     return faults
 
 
-@dataclass(frozen=True)
-class _Marked:
-    """A step payload of a marked stream: the call it joins raises."""
+class _Marked(StepPayload):
+    """A step payload of a marked stream, of the same kind: the call it joins raises."""
 
-    payload: Any
+    def __init__(self, payload: StepPayload) -> None:
+        self.payload = payload
+        self.kind = payload.kind
 
 
 class FaultySession(VoiceSession):
@@ -90,7 +92,7 @@ class FaultySession(VoiceSession):
 
     def complete(self, step: Step, result: Any) -> np.ndarray | None:
         payload = step.payload.payload if isinstance(step.payload, _Marked) else step.payload
-        return self.inner.complete(Step(step.kind, step.batch_key, payload, self.inner), result)
+        return self.inner.complete(replace(step, payload=payload, session=self.inner), result)
 
 
 class FaultyVoice(Voice):
@@ -108,10 +110,11 @@ class FaultyVoice(Voice):
     def open_session(self, options: SynthesisOptions) -> VoiceSession:
         return FaultySession(self.inner.open_session(options), self.faults)
 
-    def run(self, kind: str, payloads: list[Any]) -> list[Any]:
+    def run(self, payloads: Sequence[StepPayload]) -> list[Any]:
         if any(isinstance(payload, _Marked) for payload in payloads):
-            raise InjectedFault(f"injected fault: a {kind} call with a marked stream (RTVOICE_FAULT_INJECTION)")
-        return self.inner.run(kind, payloads)
+            raise InjectedFault(f"injected fault: a {payloads[0].kind} call with a marked stream "
+                                "(RTVOICE_FAULT_INJECTION)")
+        return self.inner.run(payloads)
 
     def max_batch(self, kind: str) -> int:
         return self.inner.max_batch(kind)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rtvoice.engine.models.base import Voice
+from rtvoice.engine.models.base import StepPayload, Voice
 
 
 @dataclass(frozen=True)
@@ -26,15 +27,15 @@ class ModelRunner:
         self.cost_scale = cost_scale
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rtvoice-runner")
 
-    async def run(self, voice: Voice, kind: str, payloads: list[Any]) -> BatchOutput:
+    async def run(self, voice: Voice, payloads: Sequence[StepPayload]) -> BatchOutput:
         """One batched call; onnxruntime and torch release the GIL."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.run_now, voice, kind, payloads)
+        return await loop.run_in_executor(self._executor, self.run_now, voice, payloads)
 
-    def run_now(self, voice: Voice, kind: str, payloads: list[Any]) -> BatchOutput:
+    def run_now(self, voice: Voice, payloads: Sequence[StepPayload]) -> BatchOutput:
         """The same call in the calling thread."""
         start = time.perf_counter()
-        results = voice.run(kind, payloads)
+        results = voice.run(payloads)
         seconds = time.perf_counter() - start
         if self.cost_scale > 1:
             time.sleep((self.cost_scale - 1) * seconds)

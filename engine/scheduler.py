@@ -29,13 +29,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
 
 from rtvoice.engine import policy
 from rtvoice.engine.cost import CostModel
 from rtvoice.engine.errors import Overloaded
 from rtvoice.engine.metrics import Metrics
-from rtvoice.engine.models.base import Step, StepBudget, Voice
+from rtvoice.engine.models.base import Step, StepBudget, StepPayload, Voice
 from rtvoice.engine.playback import Played
 from rtvoice.engine.runner import BatchOutput
 from rtvoice.engine.stream import SpeechStream, StreamState
@@ -80,7 +79,7 @@ class Batch:
     """Every runner slot held a call when it started."""
 
     @property
-    def payloads(self) -> list[Any]:
+    def payloads(self) -> list[StepPayload]:
         return [step.payload for _, step in self.items]
 
     @property

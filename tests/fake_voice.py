@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,8 +21,9 @@ import numpy as np
 
 from rtvoice.engine.core import EngineCore
 from rtvoice.engine.metrics import Metrics
-from rtvoice.engine.models.base import CostEstimate, Step, StepBudget, SynthesisOptions, Voice, VoiceInfo, VoiceSession
-from rtvoice.engine.models.piper.plan import ChunkPlan, DecodeChunk, Geometry, Planner, Progress
+from rtvoice.engine.models.base import (CostEstimate, Step, StepBudget, StepPayload, SynthesisOptions, Voice, VoiceInfo,
+                                        VoiceSession)
+from rtvoice.engine.models.piper.plan import ChunkPlan, DecodeChunk, FlowWindow, Geometry, Planner, Progress
 from rtvoice.engine.runner import BatchOutput
 from rtvoice.engine.scheduler import Batch, Limits, Scheduler
 from rtvoice.engine.stream import SpeechStream
@@ -48,6 +49,39 @@ class Costs:
         return self.scale * (self.fixed[kind] + self.per_unit[kind] * size)
 
 
+@dataclass
+class FakeEncode(StepPayload):
+    kind = "encode"
+    text: str
+
+    @property
+    def size(self) -> int:
+        return len(self.text)
+
+
+@dataclass
+class FakeFlow(StepPayload):
+    kind = FlowWindow.kind
+    window: FlowWindow
+
+    @property
+    def size(self) -> int:
+        return self.window.size
+
+
+@dataclass
+class FakeDecode(StepPayload):
+    kind = DecodeChunk.kind
+    chunk: DecodeChunk
+
+    @property
+    def size(self) -> int:
+        return self.chunk.size
+
+
+FakePayload = FakeEncode | FakeFlow | FakeDecode
+
+
 class FakeVoice(Voice):
     def __init__(self, costs: Costs | None = None, plan: ChunkPlan = ChunkPlan(), voice_id: str = "fake") -> None:
         self.info = VoiceInfo(id=voice_id, name=voice_id, language="en", sample_rate=SAMPLE_RATE, model="fake")
@@ -66,23 +100,28 @@ class FakeVoice(Voice):
         per_frame = self.planner.compute_per_frame(cost)
         if per_frame <= 0:
             return None
-        per_frame += cost("encode", 100) / (100 * FRAMES_PER_CHAR)
+        per_frame += cost(FakeEncode.kind, 100) / (100 * FRAMES_PER_CHAR)
         return per_frame / FRAME_S
 
     def max_batch(self, kind: str) -> int:
-        return {"encode": 1 << 16}.get(kind, 1)
+        return {FakeEncode.kind: 1 << 16}.get(kind, 1)
 
-    def call_s(self, kind: str, payloads: list[Any]) -> float:
+    def call_s(self, payloads: Sequence[FakePayload]) -> float:
         """Simulated seconds of one call."""
-        size = sum(len(p) if kind == "encode" else p.size for p in payloads)
-        return self.costs(kind, size)
+        return self.costs(payloads[0].kind, sum(p.size for p in payloads))
 
-    def run(self, kind: str, payloads: list[Any]) -> list[Any]:
-        if kind == "encode":
-            return [len(text) * FRAMES_PER_CHAR for text in payloads]
-        if kind == "flow":
-            return [None for _ in payloads]
-        return [np.full((chunk.end - chunk.start) * HOP, 0.1, dtype=np.float32) for chunk in payloads]
+    def run(self, payloads: Sequence[StepPayload]) -> list[Any]:
+        results: list[Any] = []
+        for payload in payloads:
+            if isinstance(payload, FakeEncode):
+                results.append(len(payload.text) * FRAMES_PER_CHAR)
+            elif isinstance(payload, FakeFlow):
+                results.append(None)
+            elif isinstance(payload, FakeDecode):
+                results.append(np.full((payload.chunk.end - payload.chunk.start) * HOP, 0.1, dtype=np.float32))
+            else:
+                raise ValueError(f"a fake voice cannot run {type(payload).__name__}")
+        return results
 
 
 class FakeSession(VoiceSession):
@@ -100,36 +139,40 @@ class FakeSession(VoiceSession):
     def add_segment(self, text: str) -> None:
         self.pending.append(text)
 
-    def next_step(self) -> Step | None:
+    def next_step(self) -> Step[FakePayload] | None:
         raise AssertionError("the scheduler plans with budgets")
 
-    def plan_step(self, budget: StepBudget) -> Step | None:
+    def plan_step(self, budget: StepBudget) -> Step[FakePayload] | None:
         planner = self.voice.planner
         if self.progress is None:
             if not self.pending:
                 return None
-            text = self.pending[0]
-            return Step("encode", ("encode",), text, self, size=len(text),
-                        until_audio=(("flow", planner.first_window_size()), ("decode", planner.first_chunk_size())))
+            encode = FakeEncode(self.pending[0])
+            return Step((encode.kind,), encode, self, size=encode.size,
+                        until_audio=((FakeFlow.kind, planner.first_window_size()),
+                                     (FakeDecode.kind, planner.first_chunk_size())))
         action = planner.next(self.progress, budget)
         if isinstance(action, DecodeChunk):
-            return Step("decode", ("decode", action.size), action, self, size=action.size)
+            return Step((action.kind, action.size), FakeDecode(action), self, size=action.size)
         then = planner.chunk(self.progress, planner.chunk_end(self.progress, self.voice.geometry.first_chunk))
-        return Step("flow", ("flow", action.size), action, self, size=action.size, until_audio=(("decode", then.size),))
+        return Step((action.kind, action.size), FakeFlow(action), self, size=action.size,
+                    until_audio=((FakeDecode.kind, then.size),))
 
-    def complete(self, step: Step, result: Any) -> np.ndarray | None:
-        if step.kind == "encode":
+    def complete(self, step: Step[FakePayload], result: Any) -> np.ndarray | None:
+        payload = step.payload
+        if isinstance(payload, FakeEncode):
             self.pending.pop(0)
             self.progress = Progress(result, 0, 0)
             return None
         assert self.progress is not None
         p = self.progress
-        if step.kind == "flow":
-            self.progress = Progress(p.frames, step.payload.end, p.decoded)
+        if isinstance(payload, FakeFlow):
+            self.progress = Progress(p.frames, payload.window.end, p.decoded)
             return None
-        self.chunks.append(step.payload.end - step.payload.start)
-        self.progress = Progress(p.frames, p.flowed, step.payload.end)
-        if step.payload.end >= p.frames:
+        chunk = payload.chunk
+        self.chunks.append(chunk.end - chunk.start)
+        self.progress = Progress(p.frames, p.flowed, chunk.end)
+        if chunk.end >= p.frames:
             self.progress = None
             self.segments_done += 1
         return result
@@ -141,8 +184,8 @@ class SimulatedRunner:
     def __init__(self, slots: int) -> None:
         self.slots = slots
 
-    async def run(self, voice: FakeVoice, kind: str, payloads: list[Any]) -> BatchOutput:
-        return BatchOutput(voice.run(kind, payloads), voice.call_s(kind, payloads))
+    async def run(self, voice: FakeVoice, payloads: Sequence[FakePayload]) -> BatchOutput:
+        return BatchOutput(voice.run(payloads), voice.call_s(payloads))
 
 
 class Clock:
@@ -198,8 +241,8 @@ class Simulation:
         while True:
             self.scheduler.release()
             while (batch := self.scheduler.pick_batch()) is not None:
-                results = self.voice.run(batch.kind, batch.payloads)
-                seconds = self.voice.call_s(batch.kind, batch.payloads)
+                results = self.voice.run(batch.payloads)
+                seconds = self.voice.call_s(batch.payloads)  # type: ignore[arg-type]
                 heapq.heappush(self.calls, _Call(self.clock.now + seconds, next(self._order), batch,
                                                  BatchOutput(results, seconds)))
             next_call = self.calls[0].ends_at if self.calls else float("inf")

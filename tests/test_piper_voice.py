@@ -21,7 +21,7 @@ def run_session(voice: PiperVoice, text: str, seed: int, speed: float = 1.0) -> 
     session.add_segment(text)
     audio = []
     while (step := session.next_step()) is not None:
-        (result,) = voice.run(step.kind, [step.payload])
+        (result,) = voice.run([step.payload])
         out = session.complete(step, result)
         if out is not None:
             audio.append(out)
@@ -33,7 +33,7 @@ def whole_segment(voice: PiperVoice, text: str, seed: int) -> np.ndarray:
     session = voice.open_session(SynthesisOptions(seed=seed))
     session.add_segment(text)
     step = session.next_step()
-    (encoded,) = voice.run("encode", [step.payload])
+    (encoded,) = voice.run([step.payload])
     feeds = {k: (v[None] if v.ndim == 2 else v) for k, v in encoded.frame_inputs.items() if k in voice.graphs.flow.inputs}
     (latent,) = voice.flow.run(None, feeds)
     (audio,) = voice.decoder.run(None, {voice.graphs.latent: latent})
@@ -86,7 +86,7 @@ def test_unbudgeted_plan_starts_small_then_takes_the_largest_chunks(piper_voice:
     session.add_segment(SENTENCE)
     sizes = []
     while (step := session.next_step()) is not None:
-        (result,) = piper_voice.run(step.kind, [step.payload])
+        (result,) = piper_voice.run([step.payload])
         audio = session.complete(step, result)
         if audio is not None:
             sizes.append(len(audio) // piper_voice.hop)
@@ -114,7 +114,7 @@ def test_unspeakable_segment_gives_no_audio(piper_voice: PiperVoice) -> None:
     session = piper_voice.open_session(SynthesisOptions(seed=1))
     session.add_segment("...")
     step = session.next_step()
-    (result,) = piper_voice.run(step.kind, [step.payload])
+    (result,) = piper_voice.run([step.payload])
     assert session.complete(step, result) is None and session.idle and session.segments_done == 1
 
 
@@ -130,7 +130,7 @@ def test_batched_steps_equal_single_steps(piper_voice: PiperVoice, kind: str) ->
             step = session.next_step()
             if step.kind == kind:
                 return step
-            (result,) = piper_voice.run(step.kind, [step.payload])
+            (result,) = piper_voice.run([step.payload])
             session.complete(step, result)
 
     if kind == "decode":  # decoder batches share a chunk length, as the scheduler's batch key requires
@@ -139,11 +139,11 @@ def test_batched_steps_equal_single_steps(piper_voice: PiperVoice, kind: str) ->
         assert len(steps) >= 2
     else:
         steps = [first_step(t, s) for t, s in zip(texts, (1, 2, 3))]
-    singles = [piper_voice.run(kind, [s.payload])[0] for s in steps]
+    singles = [piper_voice.run([s.payload])[0] for s in steps]
     # Same seeds again: the encoder draws noise from each stream's generator.
     if kind == "encode":
         steps = [first_step(t, s) for t, s in zip(texts, (1, 2, 3))]
-    batched = piper_voice.run(kind, [s.payload for s in steps])
+    batched = piper_voice.run([s.payload for s in steps])
     for single, batch in zip(singles, batched):
         if kind == "encode":
             assert single.frames == batch.frames

@@ -20,13 +20,14 @@ from rtvoice.engine.cost import CostModel, LinearFit
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import Overloaded
 from rtvoice.engine.models.base import Step, SynthesisOptions
+from rtvoice.engine.models.piper.plan import DecodeChunk
 from rtvoice.engine.metrics import Metrics
 from rtvoice.engine.scheduler import Limits, Scheduler
 from rtvoice.engine.settings import Settings
 from rtvoice.engine.stream import SpeechStream
 from tests.audio import same_speech, snr_db
 from tests.conftest import Server
-from tests.fake_voice import Costs, FakeVoice, Simulation
+from tests.fake_voice import Costs, FakeDecode, FakeVoice, Simulation
 from tests.polling import wait_for
 
 LONG = " ".join(["The long story goes on and on, sentence after sentence, for a good while."] * 30)
@@ -77,7 +78,7 @@ def stalled(sim: Simulation) -> list[int]:
 
 def ready(stream_id: int, due_at: float | None, since: float = 0.0, step_s: float = 0.02,
           to_audio_s: float = 0.03) -> policy.Ready:
-    step = Step("decode", ("decode",), None, None)  # type: ignore[arg-type]
+    step = Step(("decode",), FakeDecode(DecodeChunk(0, 1, 0, 1)), None)  # type: ignore[arg-type]
     return policy.Ready(stream_id, step, step_s, to_audio_s, due_at, since)
 
 

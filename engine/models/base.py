@@ -3,17 +3,19 @@
 A voice splits synthesis into steps (a Piper encoder pass, a flow window, a
 decoder chunk; a CosyVoice LM step, a token-to-wave chunk). Each stream holds a
 ``VoiceSession`` that says which step it needs next; the scheduler gathers steps
-with the same ``batch_key`` from many sessions and the runner hands them to
-``Voice.run`` in one call. Sessions hold all per-request state; a voice holds
-only its weights, so nothing is shared between requests.
+with the same ``batch_key`` from many sessions and the runner hands their
+payloads to ``Voice.run`` in one call. A payload is the voice's own typed
+``StepPayload``; the scheduler reads only a step's kind, key, size and
+``until_audio``. Sessions hold all per-request state; a voice holds only its
+weights, so nothing is shared between requests.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -37,13 +39,26 @@ class SynthesisOptions:
     instructions: str | None = None
 
 
-@dataclass
-class Step:
-    """One unit of model work for one stream."""
+class StepPayload:
+    """What one step hands its voice's ``run``: each voice has its own payload type per kind of call.
+
+    ``kind`` names the call: the steps of one batch share it, and the engine learns call costs per kind
+    (``CostEstimate``, ``Step.until_audio``). Payload types that one call runs together share a kind
+    (CosyVoice2's prefill and next-token jobs are both ``lm``). Subclasses set it as a class attribute."""
 
     kind: str
+
+
+PayloadT = TypeVar("PayloadT", bound=StepPayload)
+
+
+@dataclass
+class Step(Generic[PayloadT]):
+    """One unit of model work for one stream."""
+
     batch_key: Hashable
-    payload: Any
+    """Steps with equal keys may share a call (the key includes the kind)."""
+    payload: PayloadT
     session: VoiceSession = field(repr=False)
     size: int = 1
     """How much work the step is, in the voice's unit for its kind (frames, characters, tokens): what its
@@ -51,6 +66,10 @@ class Step:
     until_audio: tuple[tuple[str, int], ...] = ()
     """The steps (kind, size) that must follow this one before its stream has new audio; empty when this
     step releases audio itself (or the voice does not say)."""
+
+    @property
+    def kind(self) -> str:
+        return self.payload.kind
 
 
 CostEstimate = Callable[[str, int], float]
@@ -119,8 +138,9 @@ class Voice(ABC):
         """State for one new stream."""
 
     @abstractmethod
-    def run(self, kind: str, payloads: list[Any]) -> list[Any]:
-        """Run one batch of steps of ``kind``; called from runner threads, possibly concurrently."""
+    def run(self, payloads: Sequence[StepPayload]) -> list[Any]:
+        """Run one batch of payloads of one kind (dispatching on their type); one result per payload, in order.
+        Called from runner threads, possibly concurrently."""
 
     def max_batch(self, kind: str) -> int:
         """Most steps of ``kind`` worth putting in one call (measured per model and device)."""

@@ -325,8 +325,8 @@ def test_voice_batches_token2wav_chunks_through_the_service(serving_service: Any
 
     source.random_source = False
     try:
-        solo = [voice.run("token2wav", [job])[0] for job in jobs()]
-        together = voice.run("token2wav", jobs())
+        solo = [voice.run([job])[0] for job in jobs()]
+        together = voice.run(jobs())
     finally:
         source.random_source = True
     for a, b in zip(solo, together, strict=True):

@@ -46,7 +46,7 @@ def drive(session: CosyVoice2Session, texts: list[str]) -> tuple[list[np.ndarray
         session.add_segment(text)
     chunks, kinds, tokens = [], [], []
     while (step := session.next_step()) is not None:
-        (result,) = session.voice.run(step.kind, [step.payload])
+        (result,) = session.voice.run([step.payload])
         kinds.append(step.kind)
         audio = session.complete(step, result)
         if step.kind == "lm" and isinstance(step.payload, PrefillJob):
@@ -163,10 +163,10 @@ def test_interleaved_sessions_match_solo_runs(serving_service: Any, prompt: Any)
             break
         lm = [(i, step) for i, step in steps if step.kind == "lm"]
         if len(lm) == 2 and lm[0][1].batch_key == lm[1][1].batch_key:  # one call for both, any speaker
-            results = voices[1].run("lm", [step.payload for _, step in lm])
+            results = voices[1].run([step.payload for _, step in lm])
             batch = list(zip(lm, results))
         else:
-            batch = [((i, step), sessions[i].voice.run(step.kind, [step.payload])[0]) for i, step in steps]
+            batch = [((i, step), sessions[i].voice.run([step.payload])[0]) for i, step in steps]
         for (i, step), result in batch:
             out = sessions[i].complete(step, result)
             if out is not None:

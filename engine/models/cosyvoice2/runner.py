@@ -8,6 +8,7 @@ limits) and runs ``lm`` and ``token2wav`` batches. The voices plan steps against
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ import torch
 from .frontend import Frontend, ids_tensor, load_tokenizer
 from .loader import QWEN_DIR
 from .model import CosyVoice2Model
+from rtvoice.engine.models.base import StepPayload
+
 from .steps import MAX_TOKEN_TEXT_RATIO, MIN_TOKEN_TEXT_RATIO, LMResult, NextTokenJob, PrefillJob, Token2WavJob
 from .token2wav import FlowPrompt
 
@@ -61,15 +64,17 @@ class CosyVoice2Runner:
 
     # -- batched steps ----------------------------------------------------------------------------
 
-    def run(self, kind: str, payloads: list[Any]) -> list[Any]:
+    def run(self, payloads: Sequence[StepPayload]) -> list[Any]:
+        """One batch: LM jobs (prefills or next tokens) or token-to-wave chunks."""
+        calls: dict[type[StepPayload], Callable[[Any], list[Any]]] = {
+            PrefillJob: self._lm, NextTokenJob: self._lm, Token2WavJob: self._token2wav}
+        call = calls.get(type(payloads[0]))
+        if call is None:
+            raise ValueError(f"a CosyVoice2 voice cannot run {type(payloads[0]).__name__}")
         self.use_threads()
-        if kind == "lm":
-            return self._lm(payloads)
-        if kind == "token2wav":
-            return self._token2wav(payloads)
-        raise ValueError(f"unknown step kind {kind!r}")
+        return call(payloads)
 
-    def _lm(self, jobs: list[PrefillJob | NextTokenJob]) -> list[LMResult]:
+    def _lm(self, jobs: Sequence[PrefillJob | NextTokenJob]) -> list[LMResult]:
         llm = self.model.llm
         streams = []
         for job in jobs:
@@ -91,7 +96,7 @@ class CosyVoice2Runner:
                 tokens[id(stream)] = llm.choose(stream, logp)
         return [LMResult(stream, tokens.get(id(stream))) for stream in streams]
 
-    def _token2wav(self, jobs: list[Token2WavJob]) -> list[np.ndarray]:
+    def _token2wav(self, jobs: Sequence[Token2WavJob]) -> list[np.ndarray]:
         chunks = self.model.token2wav.step_many([job.stream for job in jobs])
         return [speech.reshape(-1).float().cpu().numpy() for speech in chunks]
 

@@ -2,7 +2,8 @@
 runner, which runs them (neither imports the other's module for them).
 
 A segment's first ``lm`` step is a ``PrefillJob`` (the prompt through the backbone, then the first token); each
-later ``lm`` step a ``NextTokenJob``; a ``token2wav`` step a ``Token2WavJob``. Payloads carry their stream's own
+later ``lm`` step a ``NextTokenJob``; a ``token2wav`` step a ``Token2WavJob``. Both LM jobs are of kind ``lm``:
+one backbone pass runs either (their batch keys keep prefills and next tokens in separate calls). Payloads carry their stream's own
 state and prompt, so steps of different voices of one model share a call.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from rtvoice.engine.models.base import Step, StepPayload
 
 from .llm import LMStream
 from .token2wav import Token2WavStream
@@ -29,7 +32,8 @@ class LMPrompt:
 
 
 @dataclass
-class PrefillJob:
+class PrefillJob(StepPayload):
+    kind = "lm"
     text_ids: list[int]
     """The segment's text ids; the tensor is made in the runner, not each time the scheduler asks."""
     prompt: LMPrompt
@@ -39,9 +43,10 @@ class PrefillJob:
 
 
 @dataclass
-class NextTokenJob:
+class NextTokenJob(StepPayload):
     """One more token of a segment whose prefill is done (the LM's decode step)."""
 
+    kind = "lm"
     stream: LMStream
 
 
@@ -53,5 +58,10 @@ class LMResult:
 
 
 @dataclass
-class Token2WavJob:
+class Token2WavJob(StepPayload):
+    kind = "token2wav"
     stream: Token2WavStream
+
+
+CosyVoice2Payload = PrefillJob | NextTokenJob | Token2WavJob
+CosyVoice2Step = Step[CosyVoice2Payload]

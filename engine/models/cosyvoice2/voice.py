@@ -32,19 +32,20 @@ A request's ``instructions`` (OpenAI's field) switch any voice to instruct2 with
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from rtvoice.engine.models.base import Step, SynthesisOptions, Voice, VoiceInfo, VoiceSession
+from rtvoice.engine.models.base import Step, StepPayload, SynthesisOptions, Voice, VoiceInfo, VoiceSession
 
 from .frontend import END_OF_PROMPT, PromptFeatures, ids_tensor, normalize_segment
 from .llm import LMStream
 from .runner import CosyVoice2Runner
 from .sampling import new_generator
-from .steps import LMPrompt, LMResult, NextTokenJob, PrefillJob, Token2WavJob
+from .steps import CosyVoice2Step, LMPrompt, LMResult, NextTokenJob, PrefillJob, Token2WavJob
 from .token2wav import FlowPrompt, Token2WavStream
 
 Mode = Literal["sft", "zero_shot", "cross_lingual", "instruct2"]
@@ -131,16 +132,16 @@ class CosyVoice2Voice(Voice):
     # chunks of several streams share one padded flow call (and HiFT calls per window length) up to the
     # runner's limit: 1 on a CPU, where a batch costs as much as its rows run one by one (bench/cosyvoice2_scale.py),
     # more on a GPU.
-    BATCH_LIMITS = {"lm": 1 << 16, "token2wav": 1}
+    BATCH_LIMITS = {PrefillJob.kind: 1 << 16, Token2WavJob.kind: 1}
 
     def max_batch(self, kind: str) -> int:
-        if kind == "token2wav":
+        if kind == Token2WavJob.kind:
             return self.runner.token2wav_batch
         return self.BATCH_LIMITS.get(kind, 1)
 
-    def run(self, kind: str, payloads: list[Any]) -> list[Any]:
+    def run(self, payloads: Sequence[StepPayload]) -> list[Any]:
         # Any voice of the model runs any payload of the model: payloads carry their own prompts.
-        return self.runner.run(kind, payloads)
+        return self.runner.run(payloads)
 
     def warmup(self) -> None:
         self.runner.warmup(self.flow_prompt)
@@ -169,7 +170,7 @@ class CosyVoice2Session(VoiceSession):
         text = normalize_segment(text)
         self.pending.append(_Segment(text=text, text_ids=self.runner.frontend.text_ids(text)))
 
-    def next_step(self) -> Step | None:
+    def next_step(self) -> CosyVoice2Step | None:
         # Pure: it describes the next step without changing the session.
         key = self.voice.model_key
         segment = self.current
@@ -179,19 +180,19 @@ class CosyVoice2Session(VoiceSession):
             segment = self.pending[0]
             job = PrefillJob(segment.text_ids, self.lm_prompt, self.lm_generator, self.max_tokens)
             length = len(segment.text_ids) + self.lm_prompt.text_ids.shape[1] + self.lm_prompt.speech_tokens.shape[1]
-            return Step("lm", ("lm", key, "prefill", length // 64), job, self)
+            return Step((job.kind, key, "prefill", length // 64), job, self)
         assert segment.lm is not None and segment.t2w is not None
         if segment.t2w.ready():
             # A chunk's flow call covers the prompt and every token so far; rows of one call are padded to the
             # longest, so chunks are grouped by that length within a factor of two.
             flow_tokens = segment.t2w.prompt.tokens.shape[1] + len(segment.t2w.tokens)
-            return Step("token2wav", ("token2wav", key, flow_tokens.bit_length()), Token2WavJob(segment.t2w), self)
+            return Step((Token2WavJob.kind, key, flow_tokens.bit_length()), Token2WavJob(segment.t2w), self)
         if not segment.lm.finished:
-            return Step("lm", ("lm", key, "decode"), NextTokenJob(segment.lm), self)
+            return Step((NextTokenJob.kind, key, "decode"), NextTokenJob(segment.lm), self)
         raise AssertionError("a segment whose LM stopped is either flushing or done")
 
-    def complete(self, step: Step, result: Any) -> np.ndarray | None:
-        if step.kind == "lm":
+    def complete(self, step: CosyVoice2Step, result: Any) -> np.ndarray | None:
+        if isinstance(step.payload, (PrefillJob, NextTokenJob)):
             lm_result: LMResult = result
             if isinstance(step.payload, PrefillJob):
                 segment = self.pending.popleft()

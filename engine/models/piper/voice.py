@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,13 +29,14 @@ from rtvoice.engine.models.base import (
     CostEstimate,
     Step,
     StepBudget,
+    StepPayload,
     SynthesisOptions,
     Voice,
     VoiceInfo,
     VoiceSession,
 )
 from rtvoice.engine.models.piper import graph
-from rtvoice.engine.models.piper.plan import ChunkPlan, DecodeChunk, Geometry, Planner, Progress
+from rtvoice.engine.models.piper.plan import ChunkPlan, DecodeChunk, FlowWindow, Geometry, Planner, Progress
 
 
 TYPICAL_SEGMENT_CHARS = 100
@@ -43,7 +45,10 @@ falls slightly with length)."""
 
 
 @dataclass
-class EncodeJob:
+class EncodeJob(StepPayload):
+    """A segment through the encoder: phonemes to its frame-level prior (batched across streams)."""
+
+    kind = "encode"
     text: str
     rng: np.random.Generator
     length_scale: float
@@ -59,19 +64,29 @@ class EncodedSegment:
 
 
 @dataclass
-class FlowJob:
+class FlowJob(StepPayload):
+    """A window of frames through the flow: prior to latent."""
+
+    kind = FlowWindow.kind
     inputs: dict[str, np.ndarray]
     keep_from: int
     keep_frames: int
 
 
 @dataclass
-class DecodeJob:
+class DecodeJob(StepPayload):
+    """A chunk of latent through the decoder: audio."""
+
+    kind = DecodeChunk.kind
     latent: np.ndarray
     start: int
     """First latent frame in ``latent`` (left context included)."""
     end: int
     """Frame where this chunk's final audio stops; a cross-fade tail follows it."""
+
+
+PiperPayload = EncodeJob | FlowJob | DecodeJob
+PiperStep = Step[PiperPayload]
 
 
 @dataclass
@@ -157,7 +172,7 @@ class PiperVoice(Voice):
         if per_frame <= 0:
             return None  # nothing measured yet
         if self.frames_per_char:
-            per_frame += cost("encode", TYPICAL_SEGMENT_CHARS) / (TYPICAL_SEGMENT_CHARS * self.frames_per_char)
+            per_frame += cost(EncodeJob.kind, TYPICAL_SEGMENT_CHARS) / (TYPICAL_SEGMENT_CHARS * self.frames_per_char)
         return per_frame * self.info.sample_rate / self.hop
 
     # -- sessions -----------------------------------------------------------------------------
@@ -171,7 +186,7 @@ class PiperVoice(Voice):
     # per item at 4 or more. Under load (bench/load.py) a batched multi-second
     # flow window holds a runner slot long enough to make other listeners stall,
     # so flow windows and decoder chunks run one at a time and encoder passes batch.
-    BATCH_LIMITS = {"encode": 1 << 16, "flow": 1, "decode": 1}
+    BATCH_LIMITS = {EncodeJob.kind: 1 << 16, FlowJob.kind: 1, DecodeJob.kind: 1}
 
     def max_batch(self, kind: str) -> int:
         return self.BATCH_LIMITS.get(kind, 1)
@@ -190,16 +205,15 @@ class PiperVoice(Voice):
 
     # -- batched model calls --------------------------------------------------------------------
 
-    def run(self, kind: str, payloads: list[Any]) -> list[Any]:
-        if kind == "encode":
-            return self._encode(payloads)
-        if kind == "flow":
-            return self._flow(payloads)
-        if kind == "decode":
-            return self._decode(payloads)
-        raise ValueError(f"unknown step kind {kind!r}")
+    def run(self, payloads: Sequence[StepPayload]) -> list[Any]:
+        calls: dict[type[StepPayload], Callable[[Any], list[Any]]] = {
+            EncodeJob: self._encode, FlowJob: self._flow, DecodeJob: self._decode}
+        call = calls.get(type(payloads[0]))
+        if call is None:
+            raise ValueError(f"a Piper voice cannot run {type(payloads[0]).__name__}")
+        return call(payloads)
 
-    def _encode(self, jobs: list[EncodeJob]) -> list[EncodedSegment]:
+    def _encode(self, jobs: Sequence[EncodeJob]) -> list[EncodedSegment]:
         id_lists = [self.phoneme_ids(job.text) for job in jobs]
         results: list[EncodedSegment | None] = [None] * len(jobs)
         live = [i for i, ids in enumerate(id_lists) if ids]
@@ -241,7 +255,7 @@ class PiperVoice(Voice):
                 results[i] = EncodedSegment(frames=frames, frame_inputs=frame_inputs)
         return results  # type: ignore[return-value]
 
-    def _flow(self, jobs: list[FlowJob]) -> list[np.ndarray]:
+    def _flow(self, jobs: Sequence[FlowJob]) -> list[np.ndarray]:
         longest = max(job.inputs[self.graphs.frame_mask].shape[-1] for job in jobs)
         feeds: dict[str, np.ndarray] = {}
         for name in self.graphs.flow.inputs:
@@ -256,7 +270,7 @@ class PiperVoice(Voice):
         (latent,) = self.flow.run(None, feeds)
         return [latent[row, :, job.keep_from: job.keep_from + job.keep_frames] for row, job in enumerate(jobs)]
 
-    def _decode(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
+    def _decode(self, jobs: Sequence[DecodeJob]) -> list[np.ndarray]:
         (audio,) = self.decoder.run(None, {self.graphs.latent: np.stack([job.latent for job in jobs])})
         return list(audio.reshape(len(jobs), -1))
 
@@ -265,8 +279,8 @@ class PiperVoice(Voice):
         session = self.open_session(SynthesisOptions(seed=0))
         session.add_segment(text)
         while (step := session.next_step()) is not None:
-            (result,) = self.run(step.kind, [step.payload])
-            if step.kind == "encode":
+            (result,) = self.run([step.payload])
+            if isinstance(step.payload, EncodeJob):
                 self.frames_per_char = result.frames / len(text)
             session.complete(step, result)
 
@@ -290,13 +304,13 @@ class PiperSession(VoiceSession):
             self.owes_audio = True
         self.pending.append(_Segment(text=text))
 
-    def next_step(self) -> Step | None:
+    def next_step(self) -> PiperStep | None:
         """The plan without a scheduler's budget: a small first chunk, then windows and chunks at their caps."""
         unbounded = StepBudget(call_s=math.inf, due_s=None if self.owes_audio else math.inf,
                                cost=lambda kind, size: 0.0)
         return self.plan_step(unbounded)
 
-    def plan_step(self, budget: StepBudget) -> Step | None:
+    def plan_step(self, budget: StepBudget) -> PiperStep | None:
         # Pure: it describes the next step without changing the session, so the
         # scheduler may ask every stream and schedule only some of them.
         v = self.voice
@@ -312,14 +326,14 @@ class PiperSession(VoiceSession):
             )
             # Batch keys carry a size bucket: padding a short step to a long one's length would slow the short one.
             size_bucket = len(job.text) // 64
-            return Step("encode", ("encode", v.info.id, self.length_scale, size_bucket), job, self, size=len(job.text),
-                        until_audio=(("flow", v.planner.first_window_size()),
-                                     ("decode", v.planner.first_chunk_size())))
+            return Step((job.kind, v.info.id, self.length_scale, size_bucket), job, self, size=len(job.text),
+                        until_audio=((FlowJob.kind, v.planner.first_window_size()),
+                                     (DecodeJob.kind, v.planner.first_chunk_size())))
         segment = self.current
         action = v.planner.next(segment.progress, budget)
         if isinstance(action, DecodeChunk):
             latent = segment.latent[:, action.lo: action.hi]  # type: ignore[index]
-            return Step("decode", ("decode", v.info.id, action.size), DecodeJob(latent, action.lo, action.end), self,
+            return Step((DecodeJob.kind, v.info.id, action.size), DecodeJob(latent, action.lo, action.end), self,
                         size=action.size)
         inputs = {
             name: (value[:, action.lo: action.hi] if value.ndim == 2 else value)
@@ -327,11 +341,12 @@ class PiperSession(VoiceSession):
         }
         job = FlowJob(inputs=inputs, keep_from=action.start - action.lo, keep_frames=action.end - action.start)
         then = v.planner.chunk(segment.progress, v.planner.chunk_end(segment.progress, v.geometry.first_chunk))
-        return Step("flow", ("flow", v.info.id, action.size // 32), job, self, size=action.size,
-                    until_audio=(("decode", then.size),))
+        return Step((job.kind, v.info.id, action.size // 32), job, self, size=action.size,
+                    until_audio=((DecodeJob.kind, then.size),))
 
-    def complete(self, step: Step, result: Any) -> np.ndarray | None:
-        if step.kind == "encode":
+    def complete(self, step: PiperStep, result: Any) -> np.ndarray | None:
+        payload = step.payload
+        if isinstance(payload, EncodeJob):
             segment = self.pending.popleft()
             encoded: EncodedSegment = result
             if encoded.frames == 0:
@@ -345,14 +360,12 @@ class PiperSession(VoiceSession):
             return None
         segment = self.current
         assert segment is not None
-        if step.kind == "flow":
-            job: FlowJob = step.payload
-            segment.latent[:, segment.flowed: segment.flowed + job.keep_frames] = result  # type: ignore[index]
-            segment.flowed += job.keep_frames
+        if isinstance(payload, FlowJob):
+            segment.latent[:, segment.flowed: segment.flowed + payload.keep_frames] = result  # type: ignore[index]
+            segment.flowed += payload.keep_frames
             return None
-        # decode
         hop = self.voice.hop
-        start, end = step.payload.start, step.payload.end
+        start, end = payload.start, payload.end
         audio = result[(segment.decoded - start) * hop:]
         body = audio[: (end - segment.decoded) * hop].copy()
         if segment.tail is not None and len(segment.tail):
