@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from rtvoice.engine.models.base import (CostEstimate, Step, StepBudget, StepPayload, SynthesisOptions, Voice,
-                                        VoiceSession)
+from rtvoice.engine.models.base import (CostEstimate, SegmentTimings, Step, StepBudget, StepPayload, SynthesisOptions,
+                                        Voice, VoiceSession)
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,12 @@ class FaultySession(VoiceSession):
     def complete(self, step: Step, result: Any) -> np.ndarray | None:
         payload = step.payload.payload if isinstance(step.payload, _Marked) else step.payload
         return self.inner.complete(replace(step, payload=payload, session=self.inner), result)
+
+    def take_timings(self) -> list[SegmentTimings]:
+        return self.inner.take_timings()
+
+    def segment_length_s(self) -> float | None:
+        return self.inner.segment_length_s()
 
 
 class FaultyVoice(Voice):

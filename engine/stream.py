@@ -3,7 +3,8 @@
 Transports push text (whole, or fragment by fragment), read events and cancel; the scheduler
 asks the stream's voice session for steps and hands each result back through ``deliver``. The
 stream keeps what the request is (voice, session, rate, segments, state) and its listener's
-playback clock; text is cut by a ``Segmenter`` and audio is converted by an ``AudioOutput``.
+playback clock; text is cut by a ``Segmenter``, words are timed by a ``WordClock`` and audio is converted by an
+``AudioOutput``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from rtvoice.engine.errors import StreamFailed
 from rtvoice.engine.models.base import Step, Voice, VoiceSession
 from rtvoice.engine.output import AudioChunk, AudioOutput, SegmentDone
 from rtvoice.engine.playback import PlaybackClock, Played
-from rtvoice.engine.text import Segmenter
+from rtvoice.engine.text import Segment, Segmenter
+from rtvoice.engine.words import WordClock, WordTiming
 
-__all__ = ["AudioChunk", "Delivered", "SegmentDone", "SpeechStream", "StreamState", "StreamStats"]
+__all__ = ["AudioChunk", "Delivered", "SegmentDone", "SpeechStream", "StreamState", "StreamStats", "WordTiming"]
 
 _ids = itertools.count(1)
 
@@ -83,6 +85,7 @@ class SpeechStream:
         self.created_at = clock()
         self.playback = PlaybackClock(self.created_at)
         self.output = AudioOutput(voice.info.sample_rate, sample_rate, max_buffered_s, wake)
+        self.words = WordClock(voice.info.sample_rate)
 
     # -- input (transports) -------------------------------------------------------------------------
 
@@ -97,14 +100,15 @@ class SpeechStream:
         self.input_closed = True
         self._wake()
 
-    def _add(self, segments: list[str]) -> None:
+    def _add(self, segments: list[Segment]) -> None:
         if not segments or self.closed:
             return
         if self.session.idle:  # nothing being synthesised: a silent listener waits for a first audio again
             self.playback.restart_if_silent(self._now())
-        for text in segments:
-            self.segments.append(text)
-            self.session.add_segment(text)
+        for segment in segments:
+            self.segments.append(segment.text)
+            self.words.add_segment(segment)
+            self.session.add_segment(segment.text)
         self._wake()
 
     def cancel(self) -> None:
@@ -116,8 +120,9 @@ class SpeechStream:
 
     # -- output (transports) ------------------------------------------------------------------------
 
-    async def events(self) -> AsyncIterator[AudioChunk | SegmentDone]:
-        """Audio chunks and segment ends, in order, until the stream ends; raises StreamFailed on failure."""
+    async def events(self) -> AsyncIterator[AudioChunk | SegmentDone | WordTiming]:
+        """Audio chunks, words (each just before the chunk that holds its start) and segment ends, in order, until
+        the stream ends; raises StreamFailed on failure."""
         async for event in self.output.events():
             yield event
         if self.state is StreamState.FAILED:
@@ -165,14 +170,17 @@ class SpeechStream:
         """Apply a finished step: the session takes the result, the audio it releases goes out."""
         self.compute_s += compute_s
         audio = self.session.complete(step, result)
+        self.output.words(self.words.timings(self.session.take_timings()))
         played = None
         audio_s = 0.0
         if audio is not None and len(audio):
+            self.output.words(self.words.audio(len(audio), self.session.segment_length_s()))
             # The listener's clock counts what went out: a resampler holds back a few milliseconds.
             audio_s = self.output.audio(audio, self._segments_done)
             if audio_s:
                 played = self.playback.play(audio_s, now)
         while self._segments_done < self.session.segments_done:
+            self.output.words(self.words.segment_done())
             self.output.segment_done(self._segments_done, self.segments[self._segments_done])
             self._segments_done += 1
         return Delivered(audio_s, played)

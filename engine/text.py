@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_CRLF = re.compile(r"\r\n?")
 _SPACES = re.compile(r"[ \t\u00a0\u2000-\u200b\u3000]+")
+_AROUND_NEWLINE = re.compile(r"[^\S\n]*\n[^\S\n]*")
 _TRANSLATE = str.maketrans({
     "\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'",
     "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u00ab": '"', "\u00bb": '"',
@@ -40,6 +44,90 @@ _SENTENCE_END = re.compile(r"([.!?]+[\"')\]]*|[\u3002\uff01\uff1f]+)(\s+|$)|\n\s
 _CLAUSE_END = re.compile(r"[,;:\u3001\uff0c\uff1b](\s+|$)")
 
 
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class MappedText:
+    """Text and, for each of its characters, the span ``[start, end)`` of the original text it came from.
+
+    Normalisation rewrites text (``$100`` -> ``100 dollars``); word timings must point at what the client sent, so
+    every rewrite keeps this map: copied characters keep their own span, replacements take the span of what they
+    replaced."""
+
+    text: str
+    spans: tuple[Span, ...]
+
+    @classmethod
+    def of(cls, text: str, offset: int = 0) -> MappedText:
+        return cls(text, tuple((offset + i, offset + i + 1) for i in range(len(text))))
+
+    def __len__(self) -> int:
+        return len(self.text)
+
+    def __getitem__(self, index: slice) -> MappedText:
+        return MappedText(self.text[index], self.spans[index])
+
+    def source(self, start: int, end: int) -> Span:
+        """The original span that characters ``[start, end)`` came from."""
+        if start >= end:
+            at = self.spans[start][0] if start < len(self.spans) else (self.spans[-1][1] if self.spans else 0)
+            return at, at
+        return min(s for s, _ in self.spans[start:end]), max(e for _, e in self.spans[start:end])
+
+    def sub(self, pattern: re.Pattern[str], replacement: str | Callable[[re.Match[str]], str]) -> MappedText:
+        """``pattern.sub`` that maps each replacement onto the span of the text it replaced."""
+        texts: list[str] = []
+        spans: list[Span] = []
+        last = 0
+        for match in pattern.finditer(self.text):
+            texts.append(self.text[last:match.start()])
+            spans.extend(self.spans[last:match.start()])
+            new = replacement if isinstance(replacement, str) else replacement(match)
+            texts.append(new)
+            spans.extend([self.source(match.start(), match.end())] * len(new))
+            last = match.end()
+        if not texts:
+            return self
+        texts.append(self.text[last:])
+        spans.extend(self.spans[last:])
+        return MappedText("".join(texts), tuple(spans))
+
+    def translate(self, table: dict[int, str]) -> MappedText:
+        texts: list[str] = []
+        spans: list[Span] = []
+        for char, span in zip(self.text, self.spans):
+            new = table.get(ord(char), char)
+            texts.append(new)
+            spans.extend([span] * len(new))
+        return MappedText("".join(texts), tuple(spans))
+
+    def strip(self) -> MappedText:
+        start = len(self.text) - len(self.text.lstrip())
+        return self[start: start + len(self.text.strip())]
+
+
+def _nfc(text: str) -> MappedText:
+    """Unicode NFC, each composed character mapped to the base and combining marks it came from."""
+    mapped = MappedText.of(text)
+    if unicodedata.is_normalized("NFC", text):
+        return mapped
+    texts: list[str] = []
+    spans: list[Span] = []
+    start = 0
+    for end in range(1, len(text) + 1):
+        if end < len(text) and unicodedata.combining(text[end]):
+            continue
+        new = unicodedata.normalize("NFC", text[start:end])
+        texts.append(new)
+        spans.extend([(start, end)] * len(new))
+        start = end
+    if "".join(texts) != unicodedata.normalize("NFC", text):  # a composition across marks: map it as one piece
+        whole = unicodedata.normalize("NFC", text)
+        return MappedText(whole, ((0, len(text)),) * len(whole))
+    return MappedText("".join(texts), tuple(spans))
+
+
 def english_rules(language: str) -> bool:
     """English conventions (abbreviations, money) apply to English and to multilingual ("mul") voices."""
     language = language.lower()
@@ -48,15 +136,20 @@ def english_rules(language: str) -> bool:
 
 def normalize(text: str, language: str = "en") -> str:
     """Clean ``text`` for a phonemiser: unicode, whitespace, and English conventions."""
-    text = unicodedata.normalize("NFC", text).translate(_TRANSLATE)
-    text = _CONTROL.sub(" ", text).replace("\r\n", "\n").replace("\r", "\n")
+    return normalize_mapped(text, language).text
+
+
+def normalize_mapped(text: str, language: str = "en") -> MappedText:
+    """``normalize`` that keeps, for each character it returns, where it came from in ``text``."""
+    mapped = _nfc(text).translate(_TRANSLATE)
+    mapped = mapped.sub(_CONTROL, " ").sub(_CRLF, "\n")
     if english_rules(language):
-        text = _LATIN_PATTERN.sub(lambda m: _LATIN[m.group(1).lower()], text)
-        text = _NUMBER_ABBREVIATION.sub("number", text)
-        text = _ABBREVIATION.sub(lambda m: _ENGLISH_ABBREVIATIONS[m.group(1).lower()], text)
-        text = _MONEY.sub(_say_money, text)
-    lines = [_SPACES.sub(" ", line).strip() for line in text.split("\n")]
-    return "\n".join(lines).strip()
+        mapped = mapped.sub(_LATIN_PATTERN, lambda m: _LATIN[m.group(1).lower()])
+        mapped = mapped.sub(_NUMBER_ABBREVIATION, "number")
+        mapped = mapped.sub(_ABBREVIATION, lambda m: _ENGLISH_ABBREVIATIONS[m.group(1).lower()])
+        mapped = mapped.sub(_MONEY, _say_money)
+    # Blanks collapse within lines; lines lose the blanks at their ends; the text loses its blank lines at both ends.
+    return mapped.sub(_SPACES, " ").sub(_AROUND_NEWLINE, "\n").strip()
 
 
 def _say_money(match: re.Match[str]) -> str:
@@ -70,16 +163,69 @@ def _say_money(match: re.Match[str]) -> str:
     return words
 
 
-def _split_long(sentence: str, max_chars: int) -> tuple[str, str]:
-    """Cut ``sentence`` before ``max_chars`` at a clause, else a word boundary."""
+def _split_point(sentence: str, max_chars: int) -> int:
+    """Where to cut ``sentence`` before ``max_chars``: at a clause, else a word boundary."""
     window = sentence[: max_chars + 1]
     clause_cuts = [m.end() for m in _CLAUSE_END.finditer(window) if m.end() >= max_chars // 4]
     if clause_cuts:
-        cut = clause_cuts[-1]
-    else:
-        space = window.rfind(" ", max_chars // 4)
-        cut = space + 1 if space > 0 else max_chars
-    return sentence[:cut].strip(), sentence[cut:].strip()
+        return clause_cuts[-1]
+    space = window.rfind(" ", max_chars // 4)
+    return space + 1 if space > 0 else max_chars
+
+
+SILENT_EDGES = "\"'()[]{}<>.,;:!?-*_~`\u00ab\u00bb"
+"""Characters a word may start or end with that are not part of it (its word timing covers the rest)."""
+_TOKEN = re.compile(r"\S+")
+
+
+def spoken_tokens(text: str) -> list[Span]:
+    """Spans of the blank-separated tokens of a segment's text: the units a voice times words by."""
+    return [match.span() for match in _TOKEN.finditer(text)]
+
+
+@dataclass(frozen=True)
+class Word:
+    """A word of a segment: as the client wrote it, and where a voice reads it."""
+
+    text: str
+    """As the client sent it (``$100``)."""
+    start: int
+    """Character offset in all the text the client sent on this stream."""
+    end: int
+    spoken_start: int
+    """Character offset in the segment's normalised text (where ``100 dollars`` starts)."""
+    spoken_end: int
+
+
+@dataclass(frozen=True)
+class Segment:
+    text: str
+    """Normalised: what the voice reads."""
+    words: tuple[Word, ...]
+
+
+def make_segment(raw: str, offset: int, language: str) -> Segment:
+    """Normalise ``raw`` (which starts at ``offset`` in the client's text) and find its words.
+
+    A word is a blank-separated token of the normalised text without its silent edges, mapped back to the
+    client's text; tokens that one rewrite produced (``$100`` -> ``100 dollars``) are one word."""
+    mapped = normalize_mapped(raw, language)
+    text = mapped.text.replace("\n", " ")
+    words: list[Word] = []
+    for start, end in spoken_tokens(text):
+        while start < end and text[start] in SILENT_EDGES:
+            start += 1
+        while end > start and text[end - 1] in SILENT_EDGES:
+            end -= 1
+        if start == end:
+            continue
+        source_start, source_end = mapped.source(start, end)
+        if words and source_start < words[-1].end - offset:
+            last = words.pop()
+            source_start, start = last.start - offset, last.spoken_start
+            source_end = max(source_end, last.end - offset)
+        words.append(Word(raw[source_start:source_end], offset + source_start, offset + source_end, start, end))
+    return Segment(text, tuple(words))
 
 
 class Segmenter:
@@ -87,6 +233,7 @@ class Segmenter:
 
     ``push`` takes text as it arrives (a few characters at a time from an LLM)
     and returns the segments that are complete; ``flush`` returns the rest.
+    Each segment's words carry their offsets in all the text pushed so far.
     """
 
     def __init__(self, first_max_chars: int, max_chars: int, language: str = "en") -> None:
@@ -94,36 +241,44 @@ class Segmenter:
         self.max_chars = max_chars
         self.language = language
         self.buffer = ""
+        self.offset = 0
+        """Where ``buffer`` starts in all the text pushed."""
         self.emitted = 0
 
     @property
     def limit(self) -> int:
         return self.first_max_chars if self.emitted == 0 else self.max_chars
 
-    def push(self, fragment: str) -> list[str]:
+    def push(self, fragment: str) -> list[Segment]:
         self.buffer += fragment
         return self._drain(final=False)
 
-    def flush(self) -> list[str]:
+    def flush(self) -> list[Segment]:
         return self._drain(final=True)
 
-    def _drain(self, final: bool) -> list[str]:
-        segments: list[str] = []
+    def _drain(self, final: bool) -> list[Segment]:
+        segments: list[Segment] = []
         while True:
             end = self._sentence_end(final)
             if end is not None and end <= self.limit:
-                head, self.buffer = self.buffer[:end], self.buffer[end:]
+                cut = end
             elif len(self.buffer) > self.limit:
-                head, self.buffer = _split_long(self.buffer, self.limit)
+                cut = _split_point(self.buffer, self.limit)
             elif end is not None or (final and self.buffer.strip()):
-                head, self.buffer = self.buffer, ""
+                cut = len(self.buffer)
             else:
                 return segments
-            self.buffer = self.buffer.lstrip()
-            head = normalize(head, self.language).replace("\n", " ")
-            if self._is_speakable(head):
-                segments.append(head)
+            head, offset = self.buffer[:cut], self.offset
+            self._consume(cut)
+            self._consume(len(self.buffer) - len(self.buffer.lstrip()))
+            segment = make_segment(head, offset, self.language)
+            if self._is_speakable(segment.text):
+                segments.append(segment)
                 self.emitted += 1
+
+    def _consume(self, chars: int) -> None:
+        self.buffer = self.buffer[chars:]
+        self.offset += chars
 
     def _sentence_end(self, final: bool) -> int | None:
         """End of the first complete sentence in the buffer, if one is known to be complete."""
@@ -153,9 +308,9 @@ class Segmenter:
 
 
 def segment(text: str, first_max_chars: int, max_chars: int, language: str = "en") -> list[str]:
-    """All segments of a whole text."""
+    """The texts of all segments of a whole text."""
     segmenter = Segmenter(first_max_chars, max_chars, language)
-    return segmenter.push(text) + segmenter.flush()
+    return [piece.text for piece in segmenter.push(text) + segmenter.flush()]
 
 
 def is_speakable(text: str) -> bool:

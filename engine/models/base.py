@@ -101,6 +101,26 @@ class StepBudget:
 
 
 
+@dataclass(frozen=True)
+class SpokenTiming:
+    """When one token of a segment's text (``engine.text.spoken_tokens``) is heard, as the voice knows it."""
+
+    start: int
+    """Character offsets of the token in the segment's text."""
+    end: int
+    start_s: float
+    """Seconds from the segment's first sample (speed included)."""
+    end_s: float
+
+
+@dataclass(frozen=True)
+class SegmentTimings:
+    segment: int
+    """The segment's index in the session (0 for its first)."""
+    tokens: tuple[SpokenTiming, ...]
+    """One per token of the segment's text, in order."""
+
+
 class VoiceSession(ABC):
     """One stream's model state: the segments it was given and how far it got."""
 
@@ -128,6 +148,16 @@ class VoiceSession(ABC):
     @abstractmethod
     def idle(self) -> bool:
         """True when every queued segment has been turned into audio."""
+
+    def take_timings(self) -> list[SegmentTimings]:
+        """Exact token timings the voice learned since the last call (a Piper segment's once it is encoded); a
+        voice that has none keeps this default, and the stream estimates its word times instead."""
+        return []
+
+    def segment_length_s(self) -> float | None:
+        """The current segment's whole audio length once the voice knows it before all of it is made (a
+        CosyVoice2 segment's once its LM has stopped), else None: word time estimates are spread over it."""
+        return None
 
 
 class Voice(ABC):

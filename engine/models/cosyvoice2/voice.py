@@ -217,6 +217,16 @@ class CosyVoice2Session(VoiceSession):
             self._segment_done()
         return result
 
+    def segment_length_s(self) -> float | None:
+        """Once the LM has stopped, the segment's tokens give its audio's length (approximate word times are
+        spread over it)."""
+        segment = self.current
+        if segment is None or segment.lm is None or segment.t2w is None or not segment.lm.finished:
+            return None
+        token2wav = self.runner.model.token2wav
+        samples = len(segment.t2w.tokens) * token2wav.token_mel_ratio * token2wav.hift.cfg.samples_per_frame
+        return samples / self.voice.info.sample_rate
+
     def _segment_done(self) -> None:
         self.current = None
         self.segments_done += 1

@@ -14,7 +14,10 @@ The cut points come from the graph's structure, not from tensor names:
 - the decoder input is the data input of the convolution that feeds the first
   ``ConvTranspose`` (HiFi-GAN's ``conv_pre``);
 - the prior noise is the last ``RandomNormalLike`` that is an ancestor of the
-  decoder input; every other ``RandomNormalLike`` is duration-predictor noise.
+  decoder input; every other ``RandomNormalLike`` is duration-predictor noise;
+- the phoneme durations are the ``Ceil`` among the frame mask's ancestors (the
+  rounded ``exp(logw) * mask * length_scale`` whose sum is the frame count):
+  an extra encoder output, so each phoneme's frames are known (word timings).
 
 Both kinds of noise become graph inputs, so a caller draws them from its own
 seeded generator: runs are reproducible and batching cannot change them.
@@ -54,6 +57,8 @@ class PiperGraphs:
     """The tensor between flow and decoder."""
     frame_mask: str = ""
     """The [B, 1, T] frame mask produced by the encoder."""
+    durations: str = ""
+    """The encoder output [B, 1, N]: frames of each phoneme id (0 for padding), speed included."""
 
 
 class GraphSplitError(ValueError):
@@ -172,6 +177,9 @@ def split(model: onnx.ModelProto) -> PiperGraphs:
         key=lambda t: sum(1 for c in consumers.get(t, []) if c in flow_nodes),
     )
 
+    durations = _durations(frame_mask, nodes, producer, encoder_nodes)
+    encoder_outputs.append(durations)
+
     def build(name: str, members: set[int], inputs: list[str], outputs: list[str]) -> Stage:
         # Constants are cheap to duplicate, so each stage gets the ones it uses.
         used = {t for i in members for t in nodes[i].input}
@@ -202,7 +210,18 @@ def split(model: onnx.ModelProto) -> PiperGraphs:
         prior_mean=nodes[prior_index].input[0],
         latent=latent,
         frame_mask=frame_mask,
+        durations=durations,
     )
+
+
+def _durations(frame_mask: str, nodes: list[onnx.NodeProto], producer: dict[str, int], encoder_nodes: set[int]) -> str:
+    """The rounded per-phoneme durations: the one ``Ceil`` the frame mask is computed from (VITS sums them into
+    the frame count, ``y_lengths``, whose sequence mask is the frame mask)."""
+    ceilings = [i for i in _ancestors({frame_mask}, nodes, producer)
+                if nodes[i].op_type == "Ceil" and i in encoder_nodes]
+    if len(ceilings) != 1:
+        raise GraphSplitError(f"expected one Ceil (the phoneme durations) before the frame mask, found {len(ceilings)}")
+    return nodes[ceilings[0]].output[0]
 
 
 def context_frames(stage: Stage) -> int:

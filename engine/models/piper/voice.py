@@ -27,6 +27,8 @@ from piper.voice import PiperVoice as PiperPhonemizer
 from rtvoice.engine.audio.pcm import hamming_crossfade
 from rtvoice.engine.models.base import (
     CostEstimate,
+    SegmentTimings,
+    SpokenTiming,
     Step,
     StepBudget,
     StepPayload,
@@ -35,8 +37,9 @@ from rtvoice.engine.models.base import (
     VoiceInfo,
     VoiceSession,
 )
-from rtvoice.engine.models.piper import graph
+from rtvoice.engine.models.piper import alignment, graph
 from rtvoice.engine.models.piper.plan import ChunkPlan, DecodeChunk, FlowWindow, Geometry, Planner, Progress
+from rtvoice.engine.text import spoken_tokens
 
 
 TYPICAL_SEGMENT_CHARS = 100
@@ -61,6 +64,9 @@ class EncodedSegment:
     frames: int
     frame_inputs: dict[str, np.ndarray]
     """Flow inputs of this segment: [C, T] arrays, scalars as they are."""
+    tokens: tuple[SpokenTiming, ...] | None = None
+    """When each token of the text is heard, from the encoder's durations; None when the ids could not be
+    traced to phonemes (a phonemiser with ids of its own)."""
 
 
 @dataclass
@@ -197,11 +203,25 @@ class PiperVoice(Voice):
 
     def phoneme_ids(self, text: str) -> list[int]:
         """One id sequence for the whole segment, even where the phonemiser sees several sentences."""
+        return self._phoneme_ids(text)[0]
+
+    def _phoneme_ids(self, text: str) -> tuple[list[int], alignment.PhonemeIds | None]:
+        """The segment's ids, and which phoneme each id speaks (None when piper-tts maps them its own way)."""
+        sentences = self.phonemizer.phonemize(text)
         ids: list[int] = []
-        for sentence in self.phonemizer.phonemize(text):
+        for sentence in sentences:
             if sentence:
                 ids.extend(self.phonemizer.phonemes_to_ids(sentence))
-        return ids
+        traced = alignment.phoneme_ids(sentences, self.config.phoneme_id_map)
+        return ids, (traced if traced.ids == ids else None)
+
+    def _token_timings(self, text: str, traced: alignment.PhonemeIds,
+                       durations: np.ndarray) -> tuple[SpokenTiming, ...]:
+        def phonemize(token: str) -> list[str]:
+            return [phoneme for sentence in self.phonemizer.phonemize(token) for phoneme in sentence]
+
+        return alignment.token_timings(text, spoken_tokens(text), traced, durations,
+                                       self.hop / self.info.sample_rate, phonemize)
 
     # -- batched model calls --------------------------------------------------------------------
 
@@ -214,7 +234,8 @@ class PiperVoice(Voice):
         return call(payloads)
 
     def _encode(self, jobs: Sequence[EncodeJob]) -> list[EncodedSegment]:
-        id_lists = [self.phoneme_ids(job.text) for job in jobs]
+        phonemised = [self._phoneme_ids(job.text) for job in jobs]
+        id_lists = [ids for ids, _ in phonemised]
         results: list[EncodedSegment | None] = [None] * len(jobs)
         live = [i for i, ids in enumerate(id_lists) if ids]
         for i in set(range(len(jobs))) - set(live):
@@ -240,6 +261,7 @@ class PiperVoice(Voice):
             if "sid" in self.graphs.encoder.inputs:
                 feeds["sid"] = np.full(len(live), self.config.default_speaker_id, dtype=np.int64)
             outputs = dict(zip(self.graphs.encoder.outputs, self.encoder.run(None, feeds)))
+            durations = outputs.pop(self.graphs.durations)
             mask = outputs[self.graphs.frame_mask]
             padded_frames = mask.shape[-1]
             for row, i in enumerate(live):
@@ -252,7 +274,9 @@ class PiperVoice(Voice):
                 frame_inputs[self.graphs.prior_noise] = (
                     jobs[i].rng.standard_normal(mean.shape, dtype=np.float32) * jobs[i].noise_scale
                 )
-                results[i] = EncodedSegment(frames=frames, frame_inputs=frame_inputs)
+                traced = phonemised[i][1]
+                tokens = None if traced is None else self._token_timings(jobs[i].text, traced, durations[row, 0])
+                results[i] = EncodedSegment(frames=frames, frame_inputs=frame_inputs, tokens=tokens)
         return results  # type: ignore[return-value]
 
     def _flow(self, jobs: Sequence[FlowJob]) -> list[np.ndarray]:
@@ -294,10 +318,16 @@ class PiperSession(VoiceSession):
         self.current: _Segment | None = None
         self.owes_audio = False
         """True from a segment added while nothing was being synthesised until its first audio."""
+        self.timings: list[SegmentTimings] = []
+        """Token timings of encoded segments, until the stream takes them."""
 
     @property
     def idle(self) -> bool:
         return self.current is None and not self.pending
+
+    def take_timings(self) -> list[SegmentTimings]:
+        timings, self.timings = self.timings, []
+        return timings
 
     def add_segment(self, text: str) -> None:
         if self.idle:
@@ -349,6 +379,8 @@ class PiperSession(VoiceSession):
         if isinstance(payload, EncodeJob):
             segment = self.pending.popleft()
             encoded: EncodedSegment = result
+            if encoded.tokens is not None:
+                self.timings.append(SegmentTimings(self.segments_done, encoded.tokens))
             if encoded.frames == 0:
                 self.segments_done += 1
                 return None

@@ -1,0 +1,159 @@
+"""Word timings of the embedded voice against an independent forced aligner (PocketSphinx).
+
+    python -m bench.word_timing
+
+Each sentence is spoken by the engine in-process at 16 kHz (the aligner's rate, so the timings also go through
+the resampler), with its word timings. PocketSphinx (its own en-US acoustic model and dictionary, shipped in the
+wheel) aligns the audio to the words as spoken ("$100" is "one hundred dollars"), and each word's start is
+compared with the start of the aligner's first word for it. The figure is the mean absolute error of word starts
+per sentence and overall (target: 80 ms or less). The reference in the same run is the estimate a voice without
+durations gets (``approximate``: each word's place in the text spread over the audio): what knowing the model's
+durations buys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rtvoice.engine.engine import Engine
+from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.settings import Settings
+from rtvoice.engine.stream import AudioChunk, WordTiming
+from rtvoice.engine.text import Segmenter
+
+ALIGNER_RATE = 16_000
+ALIGNER_FRAME_S = 0.01
+"""PocketSphinx counts in 10 ms frames."""
+
+SENTENCES: list[tuple[str, str]] = [
+    # The text as a client sends it, and its words as spoken, one "|"-separated group per word.
+    ("It costs $100, Dr. Smith said.", "it|costs|one hundred dollars|doctor|smith|said"),
+    ("I went to the store in the morning and bought 3 apples.",
+     "i|went|to|the|store|in|the|morning|and|bought|three|apples"),
+    ("The meeting starts at 9 on Monday, e.g. right after breakfast.",
+     "the|meeting|starts|at|nine|on|monday|for example|right|after|breakfast"),
+    ("Prices rose 25% in 2023 & fell again.",
+     "prices|rose|twenty five percent|in|two thousand twenty three|and|fell|again"),
+    ("Please call me back before five o'clock tomorrow afternoon.",
+     "please|call|me|back|before|five|o'clock|tomorrow|afternoon"),
+    ("My sister bought a small house near the river last summer.",
+     "my|sister|bought|a|small|house|near|the|river|last|summer"),
+]
+
+
+@dataclass(frozen=True)
+class SentenceResult:
+    text: str
+    words: list[WordTiming]
+    aligned_starts: list[float]
+    audio_s: float
+
+    @property
+    def errors_s(self) -> list[float]:
+        return [word.start_s - aligned for word, aligned in zip(self.words, self.aligned_starts)]
+
+    @property
+    def mae_s(self) -> float:
+        return statistics.fmean(abs(e) for e in self.errors_s)
+
+
+def forced_alignment(pcm: np.ndarray, groups: Sequence[str]) -> list[float]:
+    """Start (seconds) of each group of spoken words in 16 kHz int16 ``pcm``, by PocketSphinx's forced alignment."""
+    from pocketsphinx import Decoder
+
+    decoder = Decoder(lm=None, loglevel="ERROR")
+    decoder.set_align_text(" ".join(groups))
+    decoder.start_utt()
+    decoder.process_raw(pcm.astype("<i2").tobytes(), full_utt=True)
+    decoder.end_utt()
+    aligned = [(re.sub(r"\(\d+\)$", "", seg.word), seg.start_frame * ALIGNER_FRAME_S) for seg in decoder.seg()
+               if seg.word not in ("<s>", "</s>", "<sil>") and not seg.word.startswith("+")]
+    spoken = " ".join(groups).split()
+    if [word for word, _ in aligned] != spoken:
+        raise RuntimeError(f"the aligner returned {[w for w, _ in aligned]}, not {spoken}")
+    starts: list[float] = []
+    index = 0
+    for group in groups:
+        starts.append(aligned[index][1])
+        index += len(group.split())
+    return starts
+
+
+async def speak(engine: Engine, text: str, seed: int, sample_rate: int = ALIGNER_RATE,
+                speed: float = 1.0) -> tuple[np.ndarray, list[WordTiming]]:
+    """The engine's audio and word timings for ``text``."""
+    stream = engine.open_stream(engine.resolve_voice(None), SynthesisOptions(seed=seed, speed=speed), sample_rate,
+                                text=text)
+    chunks: list[np.ndarray] = []
+    words: list[WordTiming] = []
+    async for event in stream.events():
+        if isinstance(event, AudioChunk):
+            chunks.append(event.pcm)
+        elif isinstance(event, WordTiming):
+            words.append(event)
+    return np.concatenate(chunks), words
+
+
+def estimated(text: str, words: list[WordTiming], audio_s: float) -> list[float]:
+    """The reference: each word's place in its text (by characters) spread over the audio, as for a voice without
+    durations (one segment)."""
+    segmenter = Segmenter(10_000, 10_000)
+    segments = segmenter.push(text) + segmenter.flush()
+    if len(segments) != 1 or len(segments[0].words) != len(words):
+        raise RuntimeError("the reference needs the sentence as one segment")
+    segment = segments[0]
+    return [audio_s * word.spoken_start / len(segment.text) for word in segment.words]
+
+
+async def measure(seed: int = 1) -> list[SentenceResult]:
+    engine = Engine(Settings(warmup=False))
+    await engine.start()
+    try:
+        results = []
+        for text, spoken in SENTENCES:
+            pcm, words = await speak(engine, text, seed)
+            groups = spoken.split("|")
+            if len(groups) != len(words):
+                raise RuntimeError(f"{text!r}: {len(words)} words timed, {len(groups)} spoken groups")
+            results.append(SentenceResult(text, words, forced_alignment(pcm, groups), len(pcm) / ALIGNER_RATE))
+        return results
+    finally:
+        await engine.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=3, help="runs per sentence (a seed each)")
+    args = parser.parse_args()
+    per_sentence: dict[str, list[float]] = {}
+    reference: dict[str, list[float]] = {}
+    all_errors: list[float] = []
+    reference_errors: list[float] = []
+    for seed in range(1, args.seeds + 1):
+        for result in asyncio.run(measure(seed)):
+            per_sentence.setdefault(result.text, []).extend(abs(e) for e in result.errors_s)
+            all_errors.extend(result.errors_s)
+            guess = estimated(result.text, result.words, result.audio_s)
+            ref = [g - a for g, a in zip(guess, result.aligned_starts)]
+            reference.setdefault(result.text, []).extend(abs(e) for e in ref)
+            reference_errors.extend(ref)
+    print(f"word start error against PocketSphinx's forced alignment, {args.seeds} seeds "
+          "(mean absolute error, ms; reference: spread by characters)")
+    for text, errors in per_sentence.items():
+        print(f"  {statistics.fmean(errors) * 1000:6.1f}   ref {statistics.fmean(reference[text]) * 1000:6.1f}   "
+              f"{text}")
+    overall = statistics.fmean(abs(e) for e in all_errors) * 1000
+    print(f"  overall MAE {overall:.1f} ms (mean signed {statistics.fmean(all_errors) * 1000:+.1f} ms, "
+          f"max {max(abs(e) for e in all_errors) * 1000:.0f} ms, {len(all_errors)} words); "
+          f"reference MAE {statistics.fmean(abs(e) for e in reference_errors) * 1000:.1f} ms; target <= 80 ms")
+
+
+if __name__ == "__main__":
+    main()
