@@ -22,9 +22,12 @@ Contexts on one socket run side by side (each has a sender task) and their chunk
 do. Every message the server sends carries its ``context_id``. An ``error`` is ``done: true``: the context it
 names has ended, and its id may open a new one.
 
-Word timestamps: ``add_timestamps`` is accepted, but the engine does not produce word timings yet, so no
-``timestamps`` message is sent (never made-up times). ``timestamps_message`` is the one place where word
-timings become Cartesia's ``word_timestamps``, and ``ContextSender.on_event`` the one place that will send them.
+Word timestamps: with ``add_timestamps``, each context's words come as ``timestamps`` messages with
+``word_timestamps`` (``words``, ``start``, ``end``: seconds from the start of the context's audio, cumulative across
+its transcripts), sent just before the ``chunk`` that holds the words' starts: a client knows which words were
+heard when it stops playback. A word is the client's own token, punctuation included (``"$100,"``), since
+clients align the words with the text they sent (LiveKit finds each in its transcript, in order). CosyVoice2 voices'
+times are estimates (rtvoice's other routes say ``approximate``; Cartesia's message has no place for it).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from rtvoice.engine.audio.encoding import Encoder, PcmEncoder, PcmF32Encoder, Wa
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, InvalidRequest, Overloaded
 from rtvoice.engine.models.base import SynthesisOptions, Voice
-from rtvoice.engine.stream import AudioChunk, SegmentDone, SpeechStream, StreamState
+from rtvoice.engine.stream import AudioChunk, SegmentDone, SpeechStream, StreamState, WordTiming
 
 log = logging.getLogger(__name__)
 
@@ -188,10 +191,27 @@ def done_message(context_id: str) -> dict[str, Any]:
 def timestamps_message(context_id: str, words: Sequence[str], starts_s: Sequence[float],
                        ends_s: Sequence[float]) -> dict[str, Any]:
     """Word timings (seconds in the context's audio) as Cartesia's ``timestamps`` message: the one place where
-    rtvoice's word timings become ``word_timestamps``. Unused until the engine produces word timings."""
+    rtvoice's word timings become ``word_timestamps``."""
     return {"type": "timestamps", "done": False, "status_code": STATUS_PARTIAL, "context_id": context_id,
             "word_timestamps": {"words": list(words), "start": [round(s, 4) for s in starts_s],
                                 "end": [round(e, 4) for e in ends_s]}}
+
+
+def client_token(transcript: str, transcripts_at: Sequence[int], word: WordTiming,
+                 previous_end: int) -> tuple[str, int]:
+    """The word as the blank-separated token of the client's text it belongs to: its span widened over the
+    punctuation around it, not past a blank, the previous word's token or the transcript it came in (a client may
+    send sentences with no blank between them). Returns the token and its end."""
+    first_in = bisect.bisect_right(transcripts_at, word.start) - 1
+    last_in = bisect.bisect_right(transcripts_at, word.end - 1) - 1  # a word may span transcripts (LLM tokens)
+    first = max(previous_end, transcripts_at[first_in] if first_in >= 0 else 0)
+    last = transcripts_at[last_in + 1] if last_in + 1 < len(transcripts_at) else len(transcript)
+    start, end = word.start, word.end
+    while start > first and not transcript[start - 1].isspace():
+        start -= 1
+    while end < last and not transcript[end].isspace():
+        end += 1
+    return transcript[start:end], end
 
 
 def error_message(error: EngineError, context_id: str | None) -> dict[str, Any]:
@@ -217,7 +237,10 @@ class Context:
     add_timestamps: bool
     buffer_delay_s: float
     """How long text without a sentence end may wait before it is spoken (0: never)."""
-    text_chars: int = 0
+    transcript: str = ""
+    """All the text the context was sent: where its words' spans point."""
+    transcripts_at: list[int] = field(default_factory=list)
+    """Where each transcript starts in ``transcript``."""
     input_closed: bool = False
     cancelled: bool = False
     segments_sent: int = 0
@@ -325,12 +348,13 @@ class Connection:
 
     def _add_text(self, context: Context, text: str) -> None:
         limit = self.engine.settings.max_text_chars
-        if context.text_chars + len(text) > limit:
-            raise InvalidRequest(f"context {context.id!r} would have {context.text_chars + len(text)} characters; "
+        if len(context.transcript) + len(text) > limit:
+            raise InvalidRequest(f"context {context.id!r} would have {len(context.transcript) + len(text)} characters; "
                                  f"the limit is {limit}", code="input_too_long", param="transcript")
         segments_before = len(context.stream.segments)
         context.stream.push_text(text)
-        context.text_chars += len(text)
+        context.transcripts_at.append(len(context.transcript))
+        context.transcript += text
         if context.buffer_delay_s == 0:
             context.stream.flush()  # custom buffering: the client sends what it wants spoken now
             return
@@ -385,12 +409,17 @@ class Connection:
 
 
 class ContextSender:
-    """Sends one context's audio as ``chunk`` messages, its ``flush_done``s, and its ``done``."""
+    """Sends one context's audio as ``chunk`` messages, its words as ``timestamps``, its ``flush_done``s, and its
+    ``done``."""
 
     def __init__(self, connection: Connection, context: Context) -> None:
         self.connection = connection
         self.context = context
         self.writer = connection.writer
+        self.words: list[tuple[str, float, float]] = []
+        """Words to send with the next chunk: token, start, end."""
+        self.token_end = 0
+        """Where the last word's token ends in the transcript."""
 
     async def run(self) -> None:
         context = self.context
@@ -412,6 +441,7 @@ class ContextSender:
                     InvalidRequest("the server is shutting down", code="server_shutting_down"), context.id)
                 await self.writer.close(CLOSE_GOING_AWAY, "server shutting down")
                 return
+            await self.send_words()
             context.segments_sent = len(context.stream.segments)
             await self.connection.send_due_flushes(context)
             self.connection.forget(context)  # the id is free for a new context from here on
@@ -424,16 +454,28 @@ class ContextSender:
             await self.writer.close(CLOSE_INTERNAL_ERROR, "internal error")
 
     async def on_event(self, event: object) -> None:
-        """One stream event as Cartesia's messages. Word timings, once the engine yields them, become
-        ``timestamps_message``s here when the context asked for ``add_timestamps``."""
+        """One stream event as Cartesia's messages: words (when the context asked for ``add_timestamps``) wait for
+        the chunk that holds their starts and go in one ``timestamps`` message just before it."""
         context = self.context
-        if isinstance(event, AudioChunk):
+        if isinstance(event, WordTiming):
+            if context.add_timestamps:
+                token, self.token_end = client_token(context.transcript, context.transcripts_at, event,
+                                                    self.token_end)
+                self.words.append((token, event.start_s, event.end_s))
+        elif isinstance(event, AudioChunk):
             data = context.encoder.encode(event.pcm)
             if data:
+                await self.send_words()
                 await self.writer.send_json(chunk_message(context.id, data, context.flush_id_of(event.segment)))
         elif isinstance(event, SegmentDone):
             context.segments_sent = event.index + 1
             await self.connection.send_due_flushes(context)
+
+    async def send_words(self) -> None:
+        if self.words:
+            tokens, starts, ends = zip(*self.words)
+            self.words = []
+            await self.writer.send_json(timestamps_message(self.context.id, tokens, starts, ends))
 
 
 @router.websocket(WEBSOCKET_PATH)

@@ -89,9 +89,57 @@ def test_contexts_on_one_socket_match_the_engine(server: Server) -> None:
     by_context = asyncio.run(run())
     for context_id, text, seed, rate in (("a", FIRST, 5, 22050), ("b", SECOND, 6, 16000)):
         messages = by_context[context_id]
-        assert [m["type"] for m in messages][-1] == "done" and {m["type"] for m in messages} == {"chunk", "done"}
+        kinds = {m["type"] for m in messages}
+        assert [m["type"] for m in messages][-1] == "done" and kinds == {"chunk", "timestamps", "done"}
         assert all(m["status_code"] == 206 and m["done"] is (m["type"] == "done") for m in messages)
         assert same_speech(pcm_of(messages), synthesize(text, seed=seed, sample_rate=rate)), context_id
+        assert words_of(messages)[0] == text.split()  # continuations: the words of all the context's text
+
+
+def words_of(messages: list[dict[str, Any]]) -> tuple[list[str], list[float], list[float]]:
+    """A context's word timestamps, all its ``timestamps`` messages joined."""
+    words: list[str] = []
+    starts: list[float] = []
+    ends: list[float] = []
+    for message in messages:
+        if message["type"] == "timestamps":
+            timestamps = message["word_timestamps"]
+            words += timestamps["words"]
+            starts += timestamps["start"]
+            ends += timestamps["end"]
+    return words, starts, ends
+
+
+def test_add_timestamps_sends_each_word_before_the_chunk_that_holds_it(server: Server) -> None:
+    """Words as the client wrote them (punctuation, "$100"), in seconds of the context's audio, cumulative across
+    its transcripts; a context without add_timestamps gets none."""
+    text = "It costs $100, Dr. Smith said. Then we left."
+
+    async def run() -> dict[str, list[dict[str, Any]]]:
+        async with connect(server) as ws:
+            client = Client(ws)
+            await client.send(request("t", text[:17], rate=16000, seed=4))
+            await client.send(request("t", text[17:], rate=16000, seed=4, **{"continue": False}))
+            await client.send(request("n", "No words here.", add_timestamps=False, **{"continue": False}))
+            return await client.until_done("t", "n")
+
+    by_context = asyncio.run(run())
+    messages = by_context["t"]
+    words, starts, ends = words_of(messages)
+    assert words == ["It", "costs", "$100,", "Dr.", "Smith", "said.", "Then", "we", "left."]
+    audio_s = len(pcm_of(messages)) / 16000
+    assert starts == sorted(starts) and all(s < e <= audio_s + 0.002 for s, e in zip(starts, ends))
+    assert starts[6] > audio_s / 2  # the second sentence's words count from the context's start
+    sent_s = 0.0
+    for message in messages:
+        if message["type"] == "chunk":
+            sent_s += len(base64.b64decode(message["data"])) / 2 / 16000
+        elif message["type"] == "timestamps":
+            assert message["done"] is False and message["status_code"] == 206
+            assert all(sent_s <= start + 1e-6 for start in message["word_timestamps"]["start"])
+            following = messages[messages.index(message) + 1]
+            assert following["type"] == "chunk"  # each batch of words goes just before the chunk holding them
+    assert {m["type"] for m in by_context["n"]} == {"chunk", "done"}
 
 
 def test_pcm_f32le_is_the_same_audio_as_floats(server: Server) -> None:
@@ -122,7 +170,8 @@ def test_flush_done_follows_the_flushed_audio_and_numbers_the_chunks(server: Ser
     flush_at = kinds.index("flush_done")
     before, after = messages[:flush_at], messages[flush_at + 1:-1]
     assert before and after and messages[flush_at]["flush_id"] == 1
-    assert {m["flush_id"] for m in before} == {1} and {m["flush_id"] for m in after} == {2}
+    assert {m["flush_id"] for m in before if m["type"] == "chunk"} == {1}
+    assert {m["flush_id"] for m in after if m["type"] == "chunk"} == {2}
     assert len(pcm_of(before)) / 22050 > 0.5 and len(pcm_of(after)) / 22050 > 0.5
 
 
@@ -159,7 +208,7 @@ def test_cancel_stops_a_context_and_frees_its_slot(server: Server) -> None:
     first_next = next(i for i, m in enumerate(messages) if m["context_id"] == "next")
     long_messages = [m for m in messages if m["context_id"] == "long"]
     assert all(m["context_id"] != "long" for m in messages[first_next:])
-    assert all(m["type"] == "chunk" for m in long_messages)  # no done for a cancelled context
+    assert all(m["type"] in ("chunk", "timestamps") for m in long_messages)  # no done for a cancelled context
     assert len(pcm_of(long_messages)) / 22050 < 30  # far from the minute of audio the whole text makes
     assert messages[-1]["type"] == "done" and len(pcm_of(messages[first_next:])) > 22050
     assert wait_for(lambda: server.metric("rtvoice_active_streams") == 0)
