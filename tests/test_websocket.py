@@ -16,7 +16,7 @@ import websockets
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.settings import Settings
-from rtvoice.engine.stream import SegmentDone
+from rtvoice.engine.stream import AudioChunk, SegmentDone
 from tests.audio import same_speech
 from tests.conftest import Server
 from tests.polling import wait_for
@@ -63,11 +63,11 @@ def engine_pcm(jobs: list[Job]) -> list[np.ndarray]:
                         event = await events.__anext__()
                         if isinstance(event, SegmentDone):
                             done += 1
-                        else:
+                        elif isinstance(event, AudioChunk):
                             chunks.append(event.pcm)
                 stream.close_input()
                 async for event in events:
-                    if not isinstance(event, SegmentDone):
+                    if isinstance(event, AudioChunk):
                         chunks.append(event.pcm)
                 results.append(np.concatenate(chunks))
             return results
@@ -94,6 +94,8 @@ class Utterance:
     pcm: bytearray = field(default_factory=bytearray)
     """Binary frames in order; ``order`` marks where the events fell among them."""
     order: list[str] = field(default_factory=list)
+    chunks: list[int] = field(default_factory=list)
+    """Each binary frame's size in bytes."""
 
     @property
     def samples(self) -> np.ndarray:
@@ -138,6 +140,7 @@ class Client:
             if isinstance(message, bytes):
                 result.pcm += message
                 result.order.append("audio")
+                result.chunks.append(len(message))
                 continue
             result.events.append(message)
             result.order.append(message["type"])
@@ -187,7 +190,8 @@ def test_fragments_speak_at_sentence_ends_and_match_the_engine(server: Server) -
         return head, tail
 
     head, tail = session(server, body)
-    assert head.order[0] == "audio_start" and head.order[1] == "audio" and head.order[-1] == "segment_done"
+    assert head.order[0] == "audio_start" and head.order[1] == "word" and head.order[-1] == "segment_done"
+    assert "audio" in head.order
     start = head.event("audio_start")
     assert start["utterance"] == 0 and start["sample_rate"] == NATIVE_RATE and start["encoding"] == "pcm_s16le"
     assert 0 <= start["ttfa_ms"] < 5000
@@ -283,6 +287,36 @@ def test_resampled_rates(server: Server, rate: int) -> None:
     assert utterance.event("done")["audio_s"] == pytest.approx(len(resampled) / rate, abs=1e-3)
 
 
+def test_words_come_before_their_audio_with_spans_in_the_text_sent(server: Server) -> None:
+    """Text token by token: each word's span points into the concatenated fragments ("$100" stays "$100"), and
+    each ``word`` event comes no later than the frame that holds its start."""
+    text = "It costs $100, Dr. Smith said. Then we left."
+
+    async def body(client: Client) -> Utterance:
+        await client.start(seed=3, sample_rate=16000)
+        await client.text(text, size=3)
+        await client.send(type="flush")
+        return await client.utterance()
+
+    utterance = session(server, body)
+    words = [e for e in utterance.events if e["type"] == "word"]
+    assert [w["text"] for w in words] == ["It", "costs", "$100", "Dr.", "Smith", "said", "Then", "we", "left"]
+    assert all(text[w["char_start"]:w["char_end"]] == w["text"] and w["utterance"] == 0 for w in words)
+    assert all(w["approximate"] is False for w in words)
+    audio_s = len(utterance.samples) / 16000
+    starts = [w["start_s"] for w in words]
+    assert starts == sorted(starts) and all(w["start_s"] < w["end_s"] <= audio_s + 0.002 for w in words)
+    # Replay the order: when a word arrives, the audio before it ends no later than the word's start.
+    received_s = 0.0
+    chunks = iter(utterance.chunks)
+    for kind in utterance.order:
+        if kind == "audio":
+            received_s += next(chunks) / 2 / 16000
+        elif kind == "word":
+            word = words.pop(0)
+            assert received_s <= word["start_s"] + 1e-6, word
+
+
 # -- barge-in and leaving --------------------------------------------------------------------------------------
 
 
@@ -305,7 +339,7 @@ def test_cancel_stops_audio_within_a_chunk_and_new_text_works(server: Server) ->
             if message["type"] == "cancelled":
                 cancelled = message
                 break
-            assert message["type"] == "segment_done", message  # no done for a cancelled utterance
+            assert message["type"] in ("segment_done", "word"), message  # no done for a cancelled utterance
         quiet = await client.silent_for(0.5)
         active = server.metric("rtvoice_active_streams")
         await client.text("Good morning.")
@@ -315,7 +349,10 @@ def test_cancel_stops_audio_within_a_chunk_and_new_text_works(server: Server) ->
     after, after_s, cancelled, quiet, active, utterance = session(server, body)
     # The server sends nothing once it has read the cancel; a frame already on the wire may still arrive.
     assert after <= 2 and after_s < 1.6
-    assert cancelled == {"type": "cancelled", "utterances": [0]}
+    assert cancelled["type"] == "cancelled" and cancelled["utterances"] == [0]
+    (reached,) = cancelled["delivered"]
+    assert reached["utterance"] == 0 and 0 < reached["audio_s"] < 10
+    assert reached["last_word"] is not None and reached["last_word"]["end_s"] <= reached["audio_s"]
     assert quiet and active == 0
     done = utterance.event("done")
     assert done["utterance"] == 1 and done["final"] is False

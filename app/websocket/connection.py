@@ -15,7 +15,7 @@ from fastapi import WebSocket
 
 from rtvoice.app.request_context import track_stream
 from rtvoice.app.websocket.io import CLOSE_GOING_AWAY, Gone, SocketWriter, json_of, received
-from rtvoice.app.websocket.messages import (CancelledEvent, StartedEvent, StartMessage, TextMessage,
+from rtvoice.app.websocket.messages import (CancelledEvent, Delivered, StartedEvent, StartMessage, TextMessage,
                                             message_type)
 from rtvoice.app.websocket.sender import Sender, shutting_down
 from rtvoice.app.websocket.utterances import Utterance, Utterances
@@ -129,7 +129,7 @@ class Connection:
         self.utterances.close_input(utterance)
 
     async def _on_cancel(self) -> None:
-        stopped = [u.index for u in self.utterances.live()]
+        stopped = self.utterances.live()
         self.utterances.drop_all()
         # Stop the sender where it is (at most the frame already written goes out), then start a fresh one.
         await self.sender.stop()
@@ -137,7 +137,9 @@ class Connection:
             return
         self.sender.start()
         try:
-            await self.sender.send_event(CancelledEvent(utterances=stopped))
+            await self.sender.send_event(CancelledEvent(
+                utterances=[u.index for u in stopped],
+                delivered=[Delivered.of(u.index, u.words, u.samples / u.stream.sample_rate) for u in stopped]))
         except Gone:
             pass
 

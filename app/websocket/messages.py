@@ -12,7 +12,9 @@ from typing import Any, ClassVar, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from rtvoice.app.errors import error_fields, invalid_value
+from rtvoice.app.words import delivered, word_fields
 from rtvoice.engine.errors import EngineError, InvalidRequest
+from rtvoice.engine.words import WordTiming
 
 MessageType = Literal["start", "text", "flush", "cancel", "end"]
 MESSAGE_TYPES: tuple[str, ...] = get_args(MessageType)
@@ -117,6 +119,23 @@ class AudioStartEvent(ServerEvent):
     ttfa_ms: float
 
 
+class WordEvent(ServerEvent):
+    """Sent just before the binary frame that holds the word's start (fields: ``app/words.py``)."""
+
+    type: Literal["word"] = "word"
+    utterance: int
+    text: str
+    char_start: int
+    char_end: int
+    start_s: float
+    end_s: float
+    approximate: bool
+
+    @classmethod
+    def of(cls, word: WordTiming, utterance: int) -> WordEvent:
+        return cls(utterance=utterance, **word_fields(word))
+
+
 class SegmentDoneEvent(ServerEvent):
     type: Literal["segment_done"] = "segment_done"
     utterance: int
@@ -146,9 +165,23 @@ class DoneEvent(ServerEvent):
     """On the final one only."""
 
 
+class Delivered(BaseModel):
+    """What a cancelled utterance got across: the audio sent and the last word whose audio was all sent."""
+
+    utterance: int
+    audio_s: float
+    last_word: dict[str, Any] | None
+    """A ``word`` event's fields (without ``type`` and ``utterance``); None before the first whole word."""
+
+    @classmethod
+    def of(cls, utterance: int, words: list[WordTiming], audio_s: float) -> Delivered:
+        return cls(utterance=utterance, **delivered(words, audio_s))
+
+
 class CancelledEvent(ServerEvent):
     type: Literal["cancelled"] = "cancelled"
     utterances: list[int]
+    delivered: list[Delivered]
 
 
 class ErrorEvent(ServerEvent):

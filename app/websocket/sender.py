@@ -1,9 +1,10 @@
 """The sender task of a ``/v1/tts/stream`` connection, and the events the connection sends.
 
-One task per connection sends the queued utterances in order: each one's audio as binary frames, its segment
-ends, then its ``done``. The receive loop runs beside it, so a ``cancel`` is read while audio streams; it stops
-this task (at most the frame already on its way follows) and starts a fresh one. Every frame goes through the
-connection's ``SocketWriter``, so frames never interleave.
+One task per connection sends the queued utterances in order: each one's audio as binary frames, its words
+(each just before the frame that holds its start), its segment ends, then its ``done``. The receive loop runs
+beside it, so a ``cancel`` is read while audio streams; it stops this task (at most the frame already on its way
+follows) and starts a fresh one. Every frame goes through the connection's ``SocketWriter``, so frames never
+interleave.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import time
 
 from rtvoice.app.websocket.io import CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, Gone, SocketWriter
 from rtvoice.app.websocket.messages import (AudioStartEvent, DoneEvent, ErrorEvent, SegmentDoneEvent, ServerEvent,
-                                            SessionTotals)
+                                            SessionTotals, WordEvent)
 from rtvoice.app.websocket.utterances import EndOfSession, Utterance, Utterances
 from rtvoice.engine.errors import EngineError, InvalidRequest
-from rtvoice.engine.stream import AudioChunk, SegmentDone, StreamState
+from rtvoice.engine.stream import AudioChunk, SegmentDone, StreamState, WordTiming
 
 log = logging.getLogger(__name__)
 
@@ -90,17 +91,19 @@ class Sender:
             async for event in stream.events():
                 if utterance.dropped:
                     return False
+                if isinstance(event, (AudioChunk, WordTiming)) and utterance.ttfa_s is None:
+                    # From the text that made its first segment (or its flush), or from the end of the utterance
+                    # it waited behind, whichever is later. The first audio's words come with it, after this.
+                    now = time.monotonic()
+                    utterance.ttfa_s = now - max(utterance.text_at or now, self.previous_end)
+                    await self.send_event(AudioStartEvent(utterance=utterance.index, sample_rate=stream.sample_rate,
+                                                          ttfa_ms=round(utterance.ttfa_s * 1000, 1)))
                 if isinstance(event, AudioChunk):
-                    if utterance.ttfa_s is None:
-                        # From the text that made its first segment (or its flush), or from the end of the
-                        # utterance it waited behind, whichever is later.
-                        now = time.monotonic()
-                        utterance.ttfa_s = now - max(utterance.text_at or now, self.previous_end)
-                        await self.send_event(AudioStartEvent(utterance=utterance.index,
-                                                              sample_rate=stream.sample_rate,
-                                                              ttfa_ms=round(utterance.ttfa_s * 1000, 1)))
                     await self.writer.send(data=event.pcm.astype("<i2", copy=False).tobytes())
                     utterance.samples += len(event.pcm)
+                elif isinstance(event, WordTiming):
+                    await self.send_event(WordEvent.of(event, utterance.index))
+                    utterance.words.append(event)
                 elif isinstance(event, SegmentDone):
                     await self.send_event(SegmentDoneEvent(utterance=utterance.index, index=event.index,
                                                            text=event.text))

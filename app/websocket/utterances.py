@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from rtvoice.engine.stream import SpeechStream
+from rtvoice.engine.stream import SpeechStream, WordTiming
 
 
 @dataclass(eq=False)
@@ -24,6 +24,8 @@ class Utterance:
     """When the text that completed its first segment (or its flush) arrived: where TTFA starts."""
     ttfa_s: float | None = None
     samples: int = 0
+    words: list[WordTiming] = field(default_factory=list)
+    """Words sent so far."""
     dropped: bool = False
     """Removed without a ``done`` (cancelled, or flushed with nothing to speak)."""
 
