@@ -21,28 +21,43 @@ from starlette.types import Send
 
 from rtvoice.app.errors import error_body
 from rtvoice.app.request_context import track_stream
+from rtvoice.app.words import word_fields
 from rtvoice.engine.audio.encoding import Encoder, WavEncoder
 from rtvoice.engine.errors import EngineError
-from rtvoice.engine.stream import SpeechStream
+from rtvoice.engine.stream import AudioChunk, SpeechStream, WordTiming
 
 log = logging.getLogger(__name__)
 
+WORD_EVENT = "speech.word"
+"""The SSE extension event for a word's timing: a type outside OpenAI's ``speech.audio.*``."""
 
-async def audio_body(stream: SpeechStream, encoder: Encoder) -> AsyncIterator[bytes]:
-    """The stream's audio as ``encoder`` writes it (a WAV header first)."""
+
+async def encoded_events(stream: SpeechStream, encoder: Encoder) -> AsyncIterator[bytes | WordTiming]:
+    """The stream's audio as ``encoder`` writes it (a WAV header first), and its words, each before the audio
+    that holds its start."""
     track_stream(stream)
     try:
         if isinstance(encoder, WavEncoder):
             yield encoder.header()
-        async for pcm in stream.audio():
-            data = encoder.encode(pcm)
-            if data:
-                yield data
+        async for event in stream.events():
+            if isinstance(event, WordTiming):
+                yield event
+            elif isinstance(event, AudioChunk):
+                data = encoder.encode(event.pcm)
+                if data:
+                    yield data
         tail = encoder.finish()
         if tail:
             yield tail
     finally:
         stream.cancel()
+
+
+async def audio_body(stream: SpeechStream, encoder: Encoder) -> AsyncIterator[bytes]:
+    """The stream's audio as ``encoder`` writes it (a WAV header first)."""
+    async for item in encoded_events(stream, encoder):
+        if isinstance(item, bytes):
+            yield item
 
 
 def sse_event(payload: dict[str, object]) -> bytes:
@@ -52,12 +67,17 @@ def sse_event(payload: dict[str, object]) -> bytes:
 async def sse_body(
     stream: SpeechStream, encoder: Encoder, usage: Callable[[SpeechStream], dict[str, int]]
 ) -> AsyncIterator[bytes]:
-    """OpenAI's speech events: ``speech.audio.delta`` with base64 audio, then ``speech.audio.done``.
+    """OpenAI's speech events: ``speech.audio.delta`` with base64 audio, then ``speech.audio.done``; and, as an
+    extension OpenAI's clients pass over (they act on the types they know), a ``speech.word`` event for each word
+    before the delta that holds its start (``app/words.py`` has its fields).
 
     A failure sends an ``error`` event (the error body) before the body is cut off."""
     try:
-        async for data in audio_body(stream, encoder):
-            yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+        async for item in encoded_events(stream, encoder):
+            if isinstance(item, WordTiming):
+                yield sse_event({"type": WORD_EVENT, **word_fields(item)})
+            else:
+                yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(item).decode()})
         yield sse_event({"type": "speech.audio.done", "usage": usage(stream)})
     except EngineError as error:
         yield sse_event({"type": "error", **error_body(error.message, error.type, error.code, error.param)})

@@ -60,8 +60,11 @@ def test_sse_event_shapes(server: Server) -> None:
         lines = block.split("\n")
         assert all(line.startswith("data: ") for line in lines), block
         events.append(json.loads("".join(line[len("data: "):] for line in lines)))
-    deltas, done = events[:-1], events[-1]
+    words = [e for e in events if e["type"] == "speech.word"]
+    deltas, done = [e for e in events[:-1] if e["type"] != "speech.word"], events[-1]
     assert deltas and all(e["type"] == "speech.audio.delta" and set(e) == {"type", "audio"} for e in deltas)
+    assert [w["text"] for w in words] == [w for w in TEXT.replace(",", "").replace(".", "").split()]
+    assert all(TEXT[w["char_start"]:w["char_end"]] == w["text"] and not w["approximate"] for w in words)
     assert done["type"] == "speech.audio.done"
     usage = done["usage"]
     assert set(usage) == {"input_tokens", "output_tokens", "total_tokens"}
@@ -165,3 +168,23 @@ def test_official_openai_client(server: Server) -> None:
     with pytest.raises(openai.BadRequestError) as error:
         client.audio.speech.create(model="tts-1", voice="nobody", input="Hi.")
     assert "valid voices" in str(error.value)
+
+
+def test_official_openai_client_passes_over_the_word_events(server: Server) -> None:
+    """``stream_format="sse"`` through OpenAI's SDK, its events read with the SDK's own SSE decoder: the audio
+    is in the ``speech.audio.delta`` events as always, and the ``speech.word`` extension events are extra events a
+    client that acts on OpenAI's types passes over."""
+    openai = pytest.importorskip("openai")
+    from openai._streaming import SSEDecoder
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    with client.audio.speech.with_streaming_response.create(model="gpt-4o-mini-tts", voice="alloy", input=TEXT,
+                                                            response_format="pcm", stream_format="sse",
+                                                            extra_body={"seed": 8}) as response:
+        events = [event.json() for event in SSEDecoder().iter_bytes(response.iter_bytes())]
+    kinds = [event["type"] for event in events]
+    assert kinds[-1] == "speech.audio.done" and set(kinds) == {"speech.audio.delta", "speech.word", "speech.audio.done"}
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    assert same_speech(np.frombuffer(audio, dtype="<i2"), synthesize(TEXT, seed=8, sample_rate=24000))
+    words = [e for e in events if e["type"] == "speech.word"]
+    assert words[0]["text"] == "Streaming" and words[0]["start_s"] < words[-1]["start_s"] < len(audio) / 2 / 24000
