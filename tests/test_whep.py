@@ -209,7 +209,17 @@ def test_datachannel_request_is_heard(server: Server) -> None:
             assert 2.0 < done["audio_s"] < 8.0
             assert 0 <= start["ttfa_ms"] < 5000 and latency < 5.0
             types = [e["type"] for e in player.events]
-            assert types == ["accepted", "audio_start", "done"]
+            words = [e for e in player.events if e["type"] == "word"]
+            assert types == ["accepted", "audio_start", *["word"] * len(words), "done"]
+            assert [w["text"] for w in words] == SHORT.replace(",", "").replace(".", "").split()
+            assert all(SHORT[w["char_start"]:w["char_end"]] == w["text"] and w["request_id"] == "r1" for w in words)
+            # Each word leaves with the frame that holds its start: its arrival, counted from audio_start's (the
+            # first frame's), is its start in the audio, up to the event loop's jitter on a busy machine.
+            started_at = player.event_times[types.index("audio_start")]
+            arrivals = [t for t, e in zip(player.event_times, player.events) if e["type"] == "word"]
+            lags = [(at - started_at) - w["start_s"] for at, w in zip(arrivals, words)]
+            assert all(-0.05 < lag < 0.3 for lag in lags), lags
+            assert words[-1]["end_s"] <= done["audio_s"] + 0.02
             assert {f.samples for f in player.frames} == {960}  # 20 ms Opus frames at 48 kHz
         finally:
             await player.close()
@@ -256,6 +266,11 @@ def test_cancel_stops_speech_within_a_chunk(server: Server) -> None:
             stop = player.send({"type": "cancel"})
             event = await player.event("cancelled", "long")
             assert 0.5 < event["audio_s"] < 10
+            # What was played out: the last word whose audio all left, among the words sent as it played.
+            heard = [{k: v for k, v in e.items() if k not in ("type", "request_id")} for e in player.events
+                     if e["type"] == "word"]
+            assert event["last_word"] in heard and event["last_word"]["end_s"] <= event["audio_s"]
+            assert all(w["start_s"] <= event["audio_s"] + 0.02 for w in heard)
             await asyncio.sleep(1.0)
             speech_after = [f for f in player.frames if f.at > stop and f.rms > SPEECH_RMS]
             tail = (speech_after[-1].at - stop) if speech_after else 0.0
@@ -283,8 +298,13 @@ def test_requests_queue_behind_the_one_speaking(server: Server) -> None:
             player.send({"type": "tts_request", "text": "Second sentence.", "request_id": "b"})
             done_b = await player.event("done", "b")
             order = [(e["type"], e.get("request_id")) for e in player.events]
-            assert order == [("accepted", "a"), ("accepted", "b"), ("audio_start", "a"), ("done", "a"),
-                             ("audio_start", "b"), ("done", "b")]
+            # Each utterance's words play between its first and last frames.
+            assert [step for step in order if step[0] != "word"] == [
+                ("accepted", "a"), ("accepted", "b"), ("audio_start", "a"), ("done", "a"), ("audio_start", "b"),
+                ("done", "b")]
+            for request, words in (("a", ["First", "sentence"]), ("b", ["Second", "sentence"])):
+                start, done = order.index(("audio_start", request)), order.index(("done", request))
+                assert [e["text"] for e in player.events[start + 1:done]] == words
             assert [e["queue_position"] for e in player.events if e["type"] == "accepted"] == [0, 1]
             assert done_b["audio_s"] > 0.5
         finally:

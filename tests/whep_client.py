@@ -54,6 +54,8 @@ class WhepPlayer:
     rtp: list[RtpArrival] = field(default_factory=list)
     """Every audio RTP packet's header, in arrival order."""
     events: list[dict[str, Any]] = field(default_factory=list)
+    event_times: list[float] = field(default_factory=list)
+    """time.monotonic() when each event arrived."""
     location: str | None = None
     etag: str | None = None
     response: httpx.Response | None = None
@@ -135,6 +137,7 @@ class WhepPlayer:
 
     def _on_message(self, data: str | bytes) -> None:
         self.events.append(json.loads(data))
+        self.event_times.append(time.monotonic())
         self._event_arrived.set()
 
     def send(self, message: dict[str, Any] | str) -> float:

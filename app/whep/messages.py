@@ -6,7 +6,7 @@ Client to server::
     {"type": "cancel"}
 
 ``speaker_id`` may also be spelled ``voice``; it, ``request_id`` and ``speed`` are optional.
-Server to client: ``accepted``, ``audio_start``, ``done``, ``cancelled`` and ``error`` events (see
+Server to client: ``accepted``, ``audio_start``, ``word``, ``done``, ``cancelled`` and ``error`` events (see
 ``events``), each a JSON object with a ``type``.
 """
 

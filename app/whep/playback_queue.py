@@ -7,9 +7,11 @@ turn: its stream opens when the one before has been synthesised (about
 ``MAX_QUEUED_AUDIO_S`` before that one stops playing, so speech runs back to
 back), and only then may it be refused as overloaded, by an ``error`` event.
 Opening late keeps the engine's playback deadlines true: a stream's audio
-plays from its first chunk on. ``cancel`` stops the utterance playing and
-drops the queued ones: their streams are cancelled and the track falls silent
-from its next 20 ms frame.
+plays from its first chunk on. Each word goes out as a ``word`` event when the
+frame that holds its start leaves for the player (a mark before that frame).
+``cancel`` stops the utterance playing and drops the queued ones: their streams
+are cancelled and the track falls silent from its next 20 ms frame; each one's
+``cancelled`` says what was played out (audio time, last whole word).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rtvoice.app.errors import error_fields
+from rtvoice.app.words import delivered, word_fields
 from rtvoice.engine.audio.framing import FrameBuffer
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, StreamFailed
 from rtvoice.engine.models.base import SynthesisOptions, Voice
-from rtvoice.engine.stream import SpeechStream
+from rtvoice.engine.stream import AudioChunk, SpeechStream, WordTiming
 
 from rtvoice.app.whep.mediastreams import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE, SpeechTrack
 from rtvoice.app.whep.messages import SpeakRequest, event
@@ -67,6 +70,8 @@ class QueuedUtterance:
     first_frame_at: float | None = None
     start_frame: int = 0
     frames: int = 0
+    words_played: list[WordTiming] = field(default_factory=list)
+    """Words whose first frame has left for the player."""
 
 
 class PlaybackQueue:
@@ -134,7 +139,9 @@ class PlaybackQueue:
                 utterance.stream.cancel()
             utterance.state = "cancelled"
             played = self.track.speech_frames_sent - utterance.start_frame if utterance.first_frame_at else 0
-            self._send(utterance, "cancelled", audio_s=round(max(0, played) * FRAME_S, 3))
+            reached = delivered(utterance.words_played, max(0, played) * FRAME_S)
+            self._send(utterance, "cancelled", audio_s=round(max(0, played) * FRAME_S, 3),
+                       last_word=reached["last_word"])
             self._outcome("cancelled")
         return cancelled
 
@@ -174,12 +181,18 @@ class PlaybackQueue:
                 return
         framer = FrameBuffer(FRAME_SAMPLES)
         started = False
+        words: deque[WordTiming] = deque()  # words whose start's frame is not on the track yet
         try:
-            async for pcm in utterance.stream.audio():
-                for frame in framer.push(pcm):
+            async for event in utterance.stream.events():
+                if isinstance(event, WordTiming):
+                    words.append(event)
+                if not isinstance(event, AudioChunk):
+                    continue
+                for frame in framer.push(event.pcm):
                     if not started:
                         started = True
                         self.track.mark(lambda u=utterance: self._on_first_frame(u))
+                    self._mark_words(utterance, words, before_frame=utterance.frames)
                     self.track.push(frame)
                     utterance.frames += 1
                     self.track.expecting = True
@@ -188,8 +201,10 @@ class PlaybackQueue:
             if tail is not None:
                 if not started:
                     self.track.mark(lambda u=utterance: self._on_first_frame(u))
+                self._mark_words(utterance, words, before_frame=utterance.frames)
                 self.track.push(tail)
                 utterance.frames += 1
+            self._mark_words(utterance, words, before_frame=None)
         except StreamFailed as error:
             utterance.state = "failed"
             self._send(utterance, "error", **error_fields(error))
@@ -197,6 +212,16 @@ class PlaybackQueue:
         finally:
             self.track.expecting = False
         self.track.mark(lambda u=utterance: self._on_last_frame(u))
+
+    def _mark_words(self, utterance: QueuedUtterance, words: deque[WordTiming], before_frame: int | None) -> None:
+        """Marks for the words that start in the frame about to be queued (all of them when None)."""
+        while words and (before_frame is None or int(words[0].start_s / FRAME_S) <= before_frame):
+            self.track.mark(lambda u=utterance, w=words.popleft(): self._on_word(u, w))
+
+    def _on_word(self, utterance: QueuedUtterance, word: WordTiming) -> None:
+        if utterance.state in ("queued", "speaking"):
+            utterance.words_played.append(word)
+            self._send(utterance, "word", **word_fields(word))
 
     def _on_first_frame(self, utterance: QueuedUtterance) -> None:
         if utterance.state != "queued":
