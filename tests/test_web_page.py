@@ -51,6 +51,77 @@ def test_webrtc_stop_cancels(page) -> None:  # type: ignore[no-untyped-def]
     page.wait_for_function("window.rtvoice.events.some(e => e.type === 'cancelled')", timeout=10_000)
 
 
+STORY = ("When the committee gathered in the old library on a rainy afternoon, nobody expected the meeting to run past "
+         "midnight. The first item, a budget of $100 for new chairs, took an hour on its own. Then came the question "
+         "of the roof, which had leaked every winter for a decade, and the argument began all over again.")
+WORD_DRIFT_S = 0.15
+"""How far a highlight may stray from its word's place in the audio (timers and a shared machine's scheduling)."""
+
+
+def speak_then_stop(page, transport: str) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
+    """Speak STORY, press Stop after a few words were highlighted; the page's record and the last word heard."""
+    page.fill("#text", STORY)
+    speak(page, transport)
+    page.wait_for_function("window.rtvoice.highlights.length >= 6", timeout=20_000)
+    page.click("#stop")
+    page.wait_for_function("window.rtvoice.heard !== null", timeout=10_000)
+    stats = page.evaluate("window.rtvoice")
+    check_highlights_follow_the_audio(stats)
+    return stats, check_heard(page, stats)
+
+
+def check_highlights_follow_the_audio(stats: dict) -> None:
+    """Each highlight is a word of the text, in order, and they are as far apart as the words are in the audio:
+    highlighting on arrival would bunch them (WebSocket audio arrives in chunks, ahead of playback)."""
+    marks = stats["highlights"]
+    assert all(STORY[m["char_start"]:m["char_end"]] == m["text"] for m in marks), marks
+    starts = [m["char_start"] for m in marks]
+    assert starts == sorted(set(starts)), starts
+    first = marks[0]
+    drift = [(m["at"] - first["at"]) / 1000 - (m["start_s"] - first["start_s"]) for m in marks]
+    assert all(abs(d) < WORD_DRIFT_S for d in drift), drift
+    shown = stats["highlights"][-1]
+    print(f"{stats['transport']}: {len(marks)} highlights, drift {min(drift):+.3f}..{max(drift):+.3f} s, "
+          f"first word {first['at'] - stats['firstAudioAt']:.0f} ms after first audio (its start_s "
+          f"{first['start_s']:.3f}), last shown {shown['text']!r}")
+
+
+def check_heard(page, stats: dict) -> dict:  # type: ignore[no-untyped-def]
+    """The page shows the text up to the end of a word: some of it, not all."""
+    heard = stats["heard"]
+    words = [e for e in stats["events"] if e["type"] == "word"]
+    assert heard and STORY.startswith(heard) and len(heard) < len(STORY), heard
+    ends = [w for w in words if w["char_end"] == len(heard)]
+    assert ends, (heard, words)
+    assert page.inner_text("#heard-text") == heard and page.inner_text("#transcript .heard") == heard
+    return ends[0]
+
+
+def test_websocket_highlights_words_as_played_and_stop_shows_heard(page) -> None:  # type: ignore[no-untyped-def]
+    stats, last = speak_then_stop(page, "websocket")
+    # The page plays its first chunk a moment after it arrives (and the output adds its latency), never before.
+    first = stats["highlights"][0]
+    assert 0 <= (first["at"] - stats["firstAudioAt"]) / 1000 - first["start_s"] < 0.3, (first, stats["firstAudioAt"])
+    # Heard by the page's own playback clock, which runs behind what the server sent: the last heard word had ended
+    # when Stop was pressed, and the word after it had not.
+    played_s = (stats["stoppedAt"] - stats["firstAudioAt"]) / 1000
+    words = [e for e in stats["events"] if e["type"] == "word"]
+    after = [w for w in words if w["char_start"] >= last["char_end"]]
+    assert last["end_s"] < played_s + WORD_DRIFT_S, (last, played_s)
+    assert not after or after[0]["end_s"] > played_s - WORD_DRIFT_S, (after[0], played_s)
+    page.wait_for_function("window.rtvoice.events.some(e => e.type === 'cancelled')", timeout=10_000)
+    cancelled = next(e for e in page.evaluate("window.rtvoice.events") if e["type"] == "cancelled")
+    sent = cancelled["delivered"][0]["last_word"]
+    assert sent is not None and sent["char_end"] >= last["char_end"]  # the server sent at least what was heard
+
+
+def test_webrtc_highlights_words_as_played_and_stop_shows_heard(page) -> None:  # type: ignore[no-untyped-def]
+    stats, last = speak_then_stop(page, "webrtc")
+    # What the server says was played out to the player when it cancelled.
+    cancelled = next(e for e in stats["events"] if e["type"] == "cancelled")
+    assert cancelled["last_word"]["char_end"] == last["char_end"] and cancelled["request_id"] == "page-1"
+
+
 def test_websocket_speaks(page) -> None:  # type: ignore[no-untyped-def]
     stats = speak(page, "websocket")
     assert stats["errors"] == []

@@ -1,5 +1,6 @@
-// rtvoice demo page: one text box, three transports (WHEP/WebRTC, WebSocket, HTTP), a TTFA readout and a level meter.
-// No build step: plain browser JavaScript.
+// rtvoice demo page: one text box, three transports (WHEP/WebRTC, WebSocket, HTTP), a TTFA readout, a level meter,
+// and the text with each word highlighted as it is heard (WebRTC and WebSocket send word events). No build step:
+// plain browser JavaScript.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -8,6 +9,7 @@ const $ = (id) => document.getElementById(id);
 const stats = (window.rtvoice = {
   transport: null, requestSentAt: null, firstAudioAt: null, ttfaMs: null, maxLevel: 0,
   events: [], errors: [], whepConnected: false,
+  highlights: [], heard: null, stoppedAt: null,  // words as highlighted (performance.now()), the text heard at Stop
 });
 
 let audioContext = null;
@@ -81,6 +83,7 @@ function meterLoop() {
   const level = currentLevel();
   stats.maxLevel = Math.max(stats.maxLevel, level);
   $("level").style.width = `${Math.min(100, level * 400)}%`;
+  transcript.tick();
   requestAnimationFrame(meterLoop);
 }
 
@@ -89,18 +92,96 @@ function reportError(message) {
   setState(`error: ${message}`);
 }
 
+// ---- words: the text being spoken, each word highlighted while it is heard; what was heard at Stop --------------
+
+// Word events (WebSocket and WHEP) carry the word as sent (`text`, `char_start`/`char_end` in the utterance's text)
+// and its place in the utterance's audio (`start_s`, `end_s`). Each transport says when that audio plays here;
+// the transcript highlights the word then.
+class Transcript {
+  constructor() { this.text = ""; this.words = []; this.current = null; this.heardEnd = null; }
+
+  begin(text) {
+    Object.assign(this, { text, words: [], current: null, heardEnd: null });
+    stats.highlights = [];
+    stats.heard = null;
+    $("heard").hidden = true;
+    this.render();
+  }
+
+  // `word` starts playing at `startsAt()` (performance.now() time, asked again on each tick: a transport may
+  // learn its playout delay only once audio plays); it is highlighted from then until the next one.
+  at(word, startsAt) { this.words.push({ ...word, startsAt, shown: false }); }
+
+  // Called on every animation frame.
+  tick() {
+    if (this.heardEnd !== null) return;
+    const now = performance.now();
+    let changed = false;
+    for (const word of this.words) {
+      if (word.shown || word.startsAt() > now) continue;
+      word.shown = true;
+      changed = true;
+      this.current = word;
+      stats.highlights.push({ text: word.text, char_start: word.char_start, char_end: word.char_end,
+                              start_s: word.start_s, at: now });
+    }
+    if (changed) this.render();
+  }
+
+  // The last word whose audio has all played by now, on this page's clock.
+  lastPlayed() {
+    const now = performance.now();
+    let last = null;
+    for (const word of this.words) if (word.startsAt() + (word.end_s - word.start_s) * 1000 <= now) last = word;
+    return last;
+  }
+
+  // Stop: the text up to the end of `lastWord` (null: nothing whole) was heard; nothing more is highlighted.
+  showHeard(lastWord) {
+    this.heardEnd = lastWord ? lastWord.char_end : 0;
+    stats.heard = this.text.slice(0, this.heardEnd);
+    $("heard-text").textContent = stats.heard || "(no whole word yet)";
+    $("heard").hidden = false;
+    this.render();
+  }
+
+  // No more highlights (the words' audio was dropped).
+  clear() { this.words = []; }
+
+  render() {
+    const span = (className, text) => {
+      const element = document.createElement(className === "current" ? "mark" : "span");
+      if (className !== "current") element.className = className;
+      element.textContent = text;
+      return element;
+    };
+    const { text, current } = this;
+    if (this.heardEnd !== null) {
+      $("transcript").replaceChildren(span("heard", text.slice(0, this.heardEnd)), text.slice(this.heardEnd));
+    } else if (current) {
+      $("transcript").replaceChildren(span("heard", text.slice(0, current.char_start)),
+        span("current", text.slice(current.char_start, current.char_end)), text.slice(current.char_end));
+    } else {
+      $("transcript").replaceChildren(text);
+    }
+  }
+}
+
+const transcript = new Transcript();
+
 // ---- PCM playback for the WebSocket and HTTP transports ------------------------------------------------------
 
 class PcmPlayer {
   constructor() { this.nextTime = 0; this.sources = new Set(); this.carry = null; }
 
-  // Takes raw little-endian int16 bytes at `rate` (chunks may split a sample) and schedules them gap-free.
+  // Takes raw little-endian int16 bytes at `rate` (chunks may split a sample) and schedules them gap-free;
+  // returns how many samples it scheduled and the AudioContext time the first one plays (null for none).
   push(bytes, rate) {
     let data = new Uint8Array(bytes);
     if (this.carry) { const joined = new Uint8Array(this.carry.length + data.length); joined.set(this.carry);
       joined.set(data, this.carry.length); data = joined; this.carry = null; }
     if (data.length % 2) { this.carry = data.slice(-1); data = data.slice(0, -1); }
-    if (!data.length) return;
+    if (!data.length) return null;
     markFirstAudio();
     const samples = new Int16Array(data.buffer, data.byteOffset, data.length / 2);
     const ctx = audio();
@@ -112,9 +193,11 @@ class PcmPlayer {
     source.connect(analyser);
     this.nextTime = Math.max(this.nextTime, ctx.currentTime + 0.02);
     source.start(this.nextTime);
+    const at = this.nextTime;
     this.nextTime += buffer.duration;
     this.sources.add(source);
     source.onended = () => this.sources.delete(source);
+    return { samples: samples.length, at };
   }
 
   stop() {
@@ -155,6 +238,39 @@ async function speakHttp(text, voice) {
 let socket = null;
 const WS_RATE = 24000;
 
+// A WebSocket utterance's words are sent before the audio that holds their start. Each waits here until that
+// audio is scheduled on the page's AudioContext; it is heard at that sample's time (plus the output's latency),
+// so a word follows the page's own playback, underruns included.
+const wsWords = {
+  utterance: null, pending: [], samples: 0,
+
+  begin(utterance) { Object.assign(this, { utterance, pending: [], samples: 0 }); },
+
+  word(event) { if (event.utterance === this.utterance) this.pending.push(event); },
+
+  scheduled(played) {  // the utterance's next `played.samples` samples play from context time `played.at`
+    if (this.utterance === null || !played) return;
+    const end = this.samples + played.samples;
+    while (this.pending.length && this.pending[0].start_s * WS_RATE < end) {
+      const word = this.pending.shift();
+      const offset = Math.max(0, word.start_s * WS_RATE - this.samples) / WS_RATE;
+      this.hearAt(word, played.at + offset);
+    }
+    this.samples = end;
+  },
+
+  done(event) {  // words that start in no sample the page got (none, normally) are heard as its audio ends
+    if (event.utterance !== this.utterance) return;
+    for (const word of this.pending.splice(0)) this.hearAt(word, player.nextTime);
+  },
+
+  hearAt(word, contextTime) {
+    const ctx = audio();
+    const startsAt = performance.now() + (contextTime - ctx.currentTime + (ctx.outputLatency || 0)) * 1000;
+    transcript.at(word, () => startsAt);
+  },
+};
+
 function openSocket(voice) {
   return new Promise((resolve, reject) => {
     // Browsers cannot set headers on a WebSocket: the key goes in the query.
@@ -169,12 +285,13 @@ function openSocket(voice) {
     ws.onerror = () => reject(new Error("WebSocket failed"));
     ws.onclose = () => { if (socket === ws) socket = null; };
     ws.onmessage = (message) => {
-      if (typeof message.data !== "string") { player.push(message.data, WS_RATE); return; }
+      if (typeof message.data !== "string") { wsWords.scheduled(player.push(message.data, WS_RATE)); return; }
       const event = JSON.parse(message.data);
       stats.events.push(event);
       if (event.type === "error") reportError(event.message);
-      else if (event.type === "audio_start") setState("speaking (WebSocket)");
-      else if (event.type === "done") setState("done");
+      else if (event.type === "audio_start") { wsWords.begin(event.utterance); setState("speaking (WebSocket)"); }
+      else if (event.type === "word") wsWords.word(event);
+      else if (event.type === "done") { wsWords.done(event); setState("done"); }
     };
   });
 }
@@ -183,6 +300,7 @@ async function speakWebSocket(text, voice) {
   if (socket && socket.voice !== voice) { socket.close(); socket = null; }
   if (!socket) { socket = await openSocket(voice); socket.voice = voice; }
   beginRequest("websocket");
+  wsWords.begin(null);  // until this utterance's audio_start
   socket.send(JSON.stringify({ type: "text", text }));
   socket.send(JSON.stringify({ type: "flush" }));
 }
@@ -190,17 +308,28 @@ async function speakWebSocket(text, voice) {
 // ---- WebRTC: WHEP playback, text over a DataChannel -----------------------------------------------------------
 
 let whep = null;
+let whepRequests = 0;
 
 class WhepSession {
   async connect(voice) {
     this.pc = new RTCPeerConnection();
     this.pc.addTransceiver("audio", { direction: "recvonly" });
     this.channel = this.pc.createDataChannel("tts");
+    this.playoutDelayMs = null;  // until the player has played out audio
     this.channel.onmessage = (message) => {
       const event = JSON.parse(message.data);
       stats.events.push(event);
-      if (event.type === "error") reportError(event.message);
-      else if (event.type === "done") setState("done");
+      if (typeof event.request_id === "string" && event.request_id !== this.requestId) return;  // an earlier one's
+      if (event.type === "error") { this.speaking = false; reportError(event.message); }
+      else if (event.type === "word") {
+        const arrived = performance.now();
+        transcript.at(event, () => (this.playoutDelayMs === null ? Infinity : arrived + this.playoutDelayMs));
+      }
+      else if (event.type === "done") { this.speaking = false; setState("done"); }
+      else if (event.type === "cancelled") {
+        this.speaking = false;
+        if (this.stopPressed) transcript.showHeard(event.last_word);  // played out, as the server counts it
+      }
     };
     this.pc.ontrack = (event) => {
       const stream = event.streams[0] || new MediaStream([event.track]);
@@ -231,6 +360,24 @@ class WhepSession {
       setTimeout(() => reject(new Error("DataChannel did not open")), 10000);
     });
     stats.whepConnected = true;
+    this.watchPlayoutDelay();
+  }
+
+  // A word event leaves the server with the frame that holds the word's start; the browser plays that frame after
+  // its jitter buffer's delay (the mean of the frames it played out), so the word is highlighted that much later.
+  watchPlayoutDelay() {
+    this.playout = setInterval(async () => {
+      (await this.pc.getStats()).forEach((s) => {
+        if (s.type === "inbound-rtp" && s.kind === "audio") this.playoutDelay(s);
+      });
+    }, 100);
+  }
+
+  playoutDelay(inbound) {
+    if (inbound.jitterBufferEmittedCount > 0) {
+      this.playoutDelayMs = (inbound.jitterBufferDelay / inbound.jitterBufferEmittedCount) * 1000;
+      stats.playoutDelayMs = this.playoutDelayMs;
+    }
   }
 
   // First audio: the receiver's audio level rises above silence (the server sends silence between utterances).
@@ -241,6 +388,7 @@ class WhepSession {
       report.forEach((s) => {
         if (s.type === "inbound-rtp" && s.kind === "audio") {
           stats.packetsReceived = s.packetsReceived;
+          this.playoutDelay(s);
           if ((s.audioLevel || 0) > 0.01 || currentLevel() > 0.01) markFirstAudio();
         }
       });
@@ -250,15 +398,24 @@ class WhepSession {
 
   speak(text, voice) {
     beginRequest("webrtc");
-    this.channel.send(JSON.stringify({ type: "tts_request", text, speaker_id: voice }));
+    this.requestId = `page-${++whepRequests}`;
+    this.speaking = true;
+    this.stopPressed = false;
+    this.channel.send(JSON.stringify({ type: "tts_request", text, speaker_id: voice, request_id: this.requestId }));
     this.watchFirstAudio();
     setState("speaking (WebRTC)");
   }
 
-  cancel() { if (this.channel && this.channel.readyState === "open") this.channel.send('{"type":"cancel"}'); }
+  // Stop: the server's `cancelled` says what was played out; an utterance already done was heard to its end.
+  cancel(pressed) {
+    this.stopPressed = pressed;
+    if (pressed && !this.speaking) transcript.showHeard(transcript.lastPlayed());
+    if (this.channel && this.channel.readyState === "open") this.channel.send('{"type":"cancel"}');
+  }
 
   async close() {
     clearInterval(this.watch);
+    clearInterval(this.playout);
     if (this.location) await fetch(this.location, { method: "DELETE", headers: authHeaders() }).catch(() => {});
     this.pc.close();
     stats.whepConnected = false;
@@ -293,8 +450,9 @@ async function speak() {
   const text = $("text").value;
   const voice = $("voice").value;
   audio();
-  stop();
+  stop(false);
   $("stop").disabled = false;
+  transcript.begin($("transport").value === "http" ? "" : text);  // HTTP's PCM carries no word timings
   try {
     const transport = $("transport").value;
     if (transport === "http") await speakHttp(text, voice);
@@ -305,17 +463,25 @@ async function speak() {
   }
 }
 
-function stop() {
+// `pressed`: by the user, who then sees what was heard (the page's playback for the WebSocket, whose audio arrives
+// ahead of it; the server's count of what left for the player for WebRTC).
+function stop(pressed) {
+  if (pressed) stats.stoppedAt = performance.now();
   if (httpAbort) { httpAbort.abort(); httpAbort = null; }
-  if (socket) socket.send(JSON.stringify({ type: "cancel" }));
-  if (whep) whep.cancel();
+  if (socket) {
+    socket.send(JSON.stringify({ type: "cancel" }));
+    if (pressed && stats.transport === "websocket") transcript.showHeard(transcript.lastPlayed());
+    wsWords.begin(null);
+  }
+  if (whep) whep.cancel(pressed && stats.transport === "webrtc");
+  if (!pressed) transcript.clear();
   player.stop();
   $("stop").disabled = true;
   setState("idle");
 }
 
 $("speak").addEventListener("click", speak);
-$("stop").addEventListener("click", stop);
+$("stop").addEventListener("click", () => stop(true));
 $("transport").addEventListener("change", () => {
   if (whep && $("transport").value !== "webrtc") { whep.close(); whep = null; }
 });
