@@ -321,13 +321,21 @@ def test_words_come_before_their_audio_with_spans_in_the_text_sent(server: Serve
 
 
 def test_cancel_stops_audio_within_a_chunk_and_new_text_works(server: Server) -> None:
+    words: list[dict[str, Any]] = []
+    received_s = 0.0
+
     async def body(client: Client) -> tuple[int, float, dict[str, Any], bool, float, Utterance]:
+        nonlocal received_s
         await client.start(seed=1)
         await client.send(type="text", text=LONG_TEXT)  # ~55 s of speech, synthesised far ahead of real time
         frames = 0
         while frames < 2:
-            if isinstance(await client.recv(), bytes):
+            message = await client.recv()
+            if isinstance(message, bytes):
                 frames += 1
+                received_s += len(message) / 2 / NATIVE_RATE
+            elif message["type"] == "word":
+                words.append(message)
         await client.send(type="cancel")
         after, after_s = 0, 0.0
         while True:
@@ -340,6 +348,8 @@ def test_cancel_stops_audio_within_a_chunk_and_new_text_works(server: Server) ->
                 cancelled = message
                 break
             assert message["type"] in ("segment_done", "word"), message  # no done for a cancelled utterance
+            if message["type"] == "word":
+                words.append(message)
         quiet = await client.silent_for(0.5)
         active = server.metric("rtvoice_active_streams")
         await client.text("Good morning.")
@@ -352,7 +362,11 @@ def test_cancel_stops_audio_within_a_chunk_and_new_text_works(server: Server) ->
     assert cancelled["type"] == "cancelled" and cancelled["utterances"] == [0]
     (reached,) = cancelled["delivered"]
     assert reached["utterance"] == 0 and 0 < reached["audio_s"] < 10
-    assert reached["last_word"] is not None and reached["last_word"]["end_s"] <= reached["audio_s"]
+    # The audio it says it sent is what arrived, and its last word is the last whole one in it.
+    assert reached["audio_s"] == pytest.approx(received_s + after_s, abs=1e-3)
+    whole = [w for w in words if w["end_s"] <= reached["audio_s"]]
+    assert whole and reached["last_word"] == {k: v for k, v in whole[-1].items() if k not in ("type", "utterance")}
+    assert all(w["end_s"] > reached["audio_s"] for w in words[len(whole):])
     assert quiet and active == 0
     done = utterance.event("done")
     assert done["utterance"] == 1 and done["final"] is False

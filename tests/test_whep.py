@@ -270,6 +270,8 @@ def test_cancel_stops_speech_within_a_chunk(server: Server) -> None:
             heard = [{k: v for k, v in e.items() if k not in ("type", "request_id")} for e in player.events
                      if e["type"] == "word"]
             assert event["last_word"] in heard and event["last_word"]["end_s"] <= event["audio_s"]
+            after = heard[heard.index(event["last_word"]) + 1:]  # started playing, not finished
+            assert all(w["end_s"] > event["audio_s"] for w in after), (after, event)
             assert all(w["start_s"] <= event["audio_s"] + 0.02 for w in heard)
             await asyncio.sleep(1.0)
             speech_after = [f for f in player.frames if f.at > stop and f.rms > SPEECH_RMS]

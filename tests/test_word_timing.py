@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from bench.word_timing import ALIGNER_RATE, SENTENCES, forced_alignment, speak
+from rtvoice.engine.audio.pcm import to_float32, to_int16
+from rtvoice.engine.audio.resample import resample
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.settings import Settings
@@ -182,3 +184,20 @@ def test_segments_joined_are_close_to_a_forced_alignment(engine: Engine) -> None
     errors = [abs(w.start_s - a) for w, a in zip(later, aligned[-len(later):])]
     assert later[0].start_s > len(pcm) / ALIGNER_RATE / 3
     assert statistics.fmean(errors) <= MAX_SENTENCE_MAE_S, errors
+
+
+@pytest.mark.parametrize(("speed", "rate"), [(1.6, ALIGNER_RATE), (0.7, 48_000)])
+def test_speed_and_rate_keep_word_starts_where_the_client_hears_them(engine: Engine, speed: float,
+                                                                     rate: int) -> None:
+    """Faster or slower, at another rate than the voice's: each word starts where an independent aligner hears it
+    in the audio the client receives (times in the output's time base: speed and resampling included)."""
+    errors = []
+    for text, spoken in SENTENCES[:3]:
+        pcm, words = run(engine, speak(engine, text, seed=4, sample_rate=rate, speed=speed))
+        assert words[-1].end_s <= len(pcm) / rate + SAMPLE_EDGE_S
+        heard = pcm if rate == ALIGNER_RATE else to_int16(resample(to_float32(pcm), rate,
+                                                                  ALIGNER_RATE))
+        aligned = forced_alignment(heard, spoken.split("|"))
+        assert len(words) == len(aligned)
+        errors += [abs(w.start_s - a) for w, a in zip(words, aligned)]
+    assert statistics.fmean(errors) <= MAX_SENTENCE_MAE_S, [round(e, 3) for e in errors]
