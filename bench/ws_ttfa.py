@@ -8,7 +8,8 @@ time, speaks one utterance per run, as a voice agent does turn after turn, and
 the two protocols take turns run by run so they share the machine's conditions.
 rtvoice's protocol sends ``text`` ... ``flush`` and waits for ``done``; Cartesia's
 opens a context per utterance and ends it with ``continue: false``, as Pipecat's
-and LiveKit's Cartesia services do. Two ways of sending the same text:
+and LiveKit's Cartesia services do, and asks for word timestamps as they do
+(``add_timestamps``), so both protocols carry word timings. Two ways of sending the same text:
 
 * tokens: ``--chars`` characters every ``--interval-ms`` (4 every 20 ms is ~50 tokens/s, a brisk LLM); on
   Cartesia's protocol with the default ``max_buffer_delay_ms`` (Pipecat's token mode);
@@ -172,7 +173,8 @@ async def cartesia_utterance(ws: websockets.ClientConnection, messages: list[str
     ``continue: false``; until ``done``."""
     context_id = f"bench-{next(_context_ids)}"
     request: dict[str, object] = {"model_id": "sonic-3", "voice": {"mode": "id", "id": ""},
-                                  "context_id": context_id, "output_format": {**CARTESIA_FORMAT, "sample_rate": rate}}
+                                  "context_id": context_id, "output_format": {**CARTESIA_FORMAT, "sample_rate": rate},
+                                  "add_timestamps": True}
     if buffer_delay_ms is not None:
         request["max_buffer_delay_ms"] = buffer_delay_ms
     frames = [{**request, "transcript": message, "continue": True} for message in messages]
