@@ -122,8 +122,10 @@ class Engine:
         options: SynthesisOptions = SynthesisOptions(),
         sample_rate: int | None = None,
         text: str | None = None,
+        trim_leading_silence: bool = False,
     ) -> SpeechStream:
         """Admit a new stream; with ``text`` its input is complete, without it the caller pushes text.
+        ``trim_leading_silence`` drops the voice's silence before its first sound (a live player's delay).
 
         Raises InvalidRequest for options the voice cannot honour and Overloaded past the limits.
         """
@@ -137,7 +139,7 @@ class Engine:
         stream = SpeechStream(
             voice, session, segmenter, sample_rate or voice.info.sample_rate, self.core.wake,
             max_buffered_s=self.settings.max_buffered_audio_s, clock=self.scheduler.clock,
-            on_end=self.scheduler.stream_ended,
+            on_end=self.scheduler.stream_ended, trim_leading_silence=trim_leading_silence,
         )
         self.scheduler.admit(stream)
         self.core.wake()

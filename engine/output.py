@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from rtvoice.engine.audio.pcm import to_int16
+from rtvoice.engine.audio.pcm import INT16_MAX, leading_silence, to_int16
 from rtvoice.engine.audio.resample import StreamResampler
 from rtvoice.engine.words import WordTiming
 
@@ -42,8 +42,19 @@ class _End:
 _END = _End()
 
 
+SILENCE_THRESHOLD = round(INT16_MAX * 10 ** (-60 / 20))
+"""-60 dBFS: below this a voice's leading samples are silence (its speech starts tens of dB above)."""
+ONSET_LEAD_S = 0.002
+"""Kept before the first loud sample when leading silence is trimmed, so the onset is not cut."""
+MAX_TRIMMED_S = 0.5
+"""Trimming gives up after this much: a voice that starts this quietly is speaking, not silent."""
+
+
 class AudioOutput:
-    def __init__(self, voice_rate: int, sample_rate: int, max_queued_s: float, on_drained: Callable[[], None]) -> None:
+    def __init__(self, voice_rate: int, sample_rate: int, max_queued_s: float, on_drained: Callable[[], None],
+                 trim_leading_silence: bool = False) -> None:
+        """``trim_leading_silence``: drop the silence a voice makes before its first sound (for a live player,
+        where it is only delay); the words' times move with the audio."""
         self.sample_rate = sample_rate
         self._resampler = StreamResampler(voice_rate, sample_rate)
         self._queue: asyncio.Queue[AudioChunk | SegmentDone | WordTiming | _End] = asyncio.Queue()
@@ -56,6 +67,9 @@ class AudioOutput:
         """Audio queued and not yet taken by the client."""
         self.max_queued_s = max_queued_s
         self.ended = False
+        self._trimming = trim_leading_silence
+        self.trimmed_samples = 0
+        """Leading silence dropped, at the client's rate."""
 
     def audio(self, audio: np.ndarray, segment: int) -> float:
         """Queue float32 audio at the voice's rate; returns the seconds that went out now (a resampler holds
@@ -74,16 +88,35 @@ class AudioOutput:
         (a start in the last samples, or in none) go before them."""
         last = to_int16(self._resampler.process(np.zeros(0, dtype=np.float32), last=True))
         while self._words:
-            self._queue.put_nowait(self._words.popleft())
+            self._queue.put_nowait(self._shifted(self._words.popleft()))
         return self._put(last, segment)
 
+    def _trim(self, pcm: np.ndarray) -> np.ndarray:
+        silent = leading_silence(pcm, SILENCE_THRESHOLD)
+        if silent < len(pcm):
+            silent = max(0, silent - round(ONSET_LEAD_S * self.sample_rate))
+            self._trimming = False
+        silent = min(silent, max(0, round(MAX_TRIMMED_S * self.sample_rate) - self.trimmed_samples))
+        if self.trimmed_samples + silent >= round(MAX_TRIMMED_S * self.sample_rate):
+            self._trimming = False
+        self.trimmed_samples += silent
+        return pcm[silent:]
+
+    def _shifted(self, word: WordTiming) -> WordTiming:
+        if not self.trimmed_samples:
+            return word
+        trimmed_s = self.trimmed_samples / self.sample_rate
+        return replace(word, start_s=max(0.0, word.start_s - trimmed_s), end_s=max(0.0, word.end_s - trimmed_s))
+
     def _put(self, pcm: np.ndarray, segment: int) -> float:
+        if self._trimming:
+            pcm = self._trim(pcm)
         if not len(pcm):
             return 0.0
         self.samples += len(pcm)
-        end_s = self.samples / self.sample_rate
+        end_s = (self.samples + self.trimmed_samples) / self.sample_rate
         while self._words and self._words[0].start_s < end_s:
-            self._queue.put_nowait(self._words.popleft())
+            self._queue.put_nowait(self._shifted(self._words.popleft()))
         chunk = AudioChunk(pcm, self.sample_rate, segment)
         self.queued_s += chunk.duration_s
         self._queue.put_nowait(chunk)

@@ -66,8 +66,10 @@ class SpeechStream:
         max_buffered_s: float = 20.0,
         clock: Callable[[], float] = time.monotonic,
         on_end: Callable[[SpeechStream], None] = lambda stream: None,
+        trim_leading_silence: bool = False,
     ) -> None:
-        """``wake`` is called when the stream has new work or room; ``on_end`` once, when it ends (any way)."""
+        """``wake`` is called when the stream has new work or room; ``on_end`` once, when it ends (any way);
+        ``trim_leading_silence``: see ``AudioOutput``."""
         self.id = next(_ids)
         self.voice = voice
         self.session = session
@@ -84,7 +86,7 @@ class SpeechStream:
         self._segments_done = 0
         self.created_at = clock()
         self.playback = PlaybackClock(self.created_at)
-        self.output = AudioOutput(voice.info.sample_rate, sample_rate, max_buffered_s, wake)
+        self.output = AudioOutput(voice.info.sample_rate, sample_rate, max_buffered_s, wake, trim_leading_silence)
         self.words = WordClock(voice.info.sample_rate)
 
     # -- input (transports) -------------------------------------------------------------------------

@@ -110,7 +110,7 @@ class PlaybackQueue:
         options = SynthesisOptions(speed=request.speed)
         stream = None
         if not self._pending:
-            stream = self.engine.open_stream(voice, options, SAMPLE_RATE, text=request.text)
+            stream = self._open(voice, options, request.text)
         utterance = QueuedUtterance(request.request_id or f"u{next(_ids)}", request.text, voice, options, stream,
                               reply_to)
         self._pending.append(utterance)
@@ -119,6 +119,10 @@ class PlaybackQueue:
         if self._task is None or self._task.done():
             self._task = self._spawn(self._run(), "whep-playback")
         return utterance
+
+    def _open(self, voice: Voice, options: SynthesisOptions, text: str) -> SpeechStream:
+        # The voice's silence before its first sound would only delay the player: it goes.
+        return self.engine.open_stream(voice, options, SAMPLE_RATE, text=text, trim_leading_silence=True)
 
     def queue_position(self, utterance: QueuedUtterance) -> int:
         """0 for the utterance playing (or next to), 1 for the one after it, and so on."""
@@ -171,8 +175,7 @@ class PlaybackQueue:
         """Cut the stream's audio into 20 ms frames and queue them on the track, a little ahead of playback."""
         if utterance.stream is None:
             try:
-                utterance.stream = self.engine.open_stream(utterance.voice, utterance.options, SAMPLE_RATE,
-                                                           text=utterance.text)
+                utterance.stream = self._open(utterance.voice, utterance.options, utterance.text)
             except EngineError as error:
                 utterance.state = "failed"
                 self._send(utterance, "error", **error_fields(error))

@@ -32,3 +32,9 @@ def hamming_crossfade(tail: np.ndarray, head: np.ndarray) -> np.ndarray:
     fade_in, fade_out = window[:overlap], window[overlap:]
     total = fade_in + fade_out
     return (head[:overlap] * (fade_in / total) + tail * (fade_out / total)).astype(np.float32)
+
+
+def leading_silence(pcm: np.ndarray, threshold: int) -> int:
+    """How many samples at the start of int16 ``pcm`` stay below ``threshold`` in magnitude (all, when all do)."""
+    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) >= threshold)
+    return int(loud[0]) if len(loud) else len(pcm)
