@@ -5,6 +5,10 @@ on the model runner off the event loop, and hands the output back (``complete``,
 the call raised), which wakes the loop again. Streams wake it too, when they get text, are
 cancelled, or their client catches up.
 
+A call that runs past its deadline (``CallDeadlines``: a multiple of what it may plausibly take, from the
+measured costs) is abandoned: its streams fail, its slot is free at once (the runner gives up the call's thread
+and starts another), and whatever it returns later is dropped.
+
 At start it also runs each voice's steps through the runner once, smallest and largest sizes, so
 the scheduler's cost estimates are measured before the first request.
 """
@@ -14,9 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from rtvoice.engine.models.base import StepBudget, SynthesisOptions, Voice, VoiceSession
-from rtvoice.engine.runner import ModelRunner
+from rtvoice.engine.models.base import StepBudget, StepPayload, SynthesisOptions, Voice, VoiceSession
+from rtvoice.engine.runner import BatchOutput, ModelRunner
 from rtvoice.engine.scheduler import Batch, Scheduler
 
 log = logging.getLogger(__name__)
@@ -31,10 +38,29 @@ _LARGEST = StepBudget(call_s=math.inf, due_s=math.inf, cost=lambda kind, size: 0
 """Everything fits: sessions plan their largest steps."""
 
 
+class CallAbandoned(RuntimeError):
+    """A model call ran past its deadline; the engine stopped waiting for it."""
+
+
+@dataclass(frozen=True)
+class CallDeadlines:
+    """How long a model call may run before it is abandoned: ``factor`` times what it may plausibly take, at
+    most ``max_s``. What it may plausibly take is its estimate with the scheduler's margin, or the longest a recent
+    call of its cost key held its slot when that is more (a floor for small calls, whose estimates jitter dwarfs);
+    a call of a key never measured (no calibration) gets ``max_s``."""
+
+    factor: float = 10.0
+    max_s: float = 60.0
+
+    def deadline_s(self, plausible_s: float) -> float:
+        return min(self.max_s, self.factor * plausible_s) if plausible_s > 0 else self.max_s
+
+
 class EngineCore:
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner) -> None:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, deadlines: CallDeadlines = CallDeadlines()) -> None:
         self.scheduler = scheduler
         self.runner = runner
+        self.deadlines = deadlines
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._calls: set[asyncio.Task[None]] = set()
@@ -70,12 +96,32 @@ class EngineCore:
             self._calls.add(call)
             call.add_done_callback(self._calls.discard)
 
+    def deadline_s(self, batch: Batch) -> float:
+        """When ``batch``'s call is abandoned, in seconds from its start."""
+        longest_s = self.scheduler.costs.longest_hold_s(batch.voice.cost_key)
+        return self.deadlines.deadline_s(max(batch.estimate_s * self.scheduler.safety(), longest_s))
+
+    async def _run(self, voice: Voice, payloads: Sequence[StepPayload]) -> BatchOutput:
+        """A call on the runner, its hold of the slot as the loop sees it recorded for the deadlines."""
+        start = time.perf_counter()
+        output = await self.runner.run(voice, payloads)
+        self.scheduler.costs.observe_hold(voice.cost_key, time.perf_counter() - start)
+        return output
+
     async def _execute(self, batch: Batch) -> None:
+        deadline_s = self.deadline_s(batch)
         try:
-            output = await self.runner.run(batch.voice, batch.payloads)
+            async with asyncio.timeout(deadline_s) as deadline:
+                output = await self._run(batch.voice, batch.payloads)
         except Exception as error:
-            log.exception("%s call failed", batch.kind)
-            self.scheduler.fail(batch, error)
+            if deadline.expired():  # the runner gave up its thread: the slot is free now, a late result dropped
+                self.scheduler.metrics.calls_abandoned.labels(batch.kind).inc()
+                self.scheduler.fail(batch, CallAbandoned(
+                    f"a {batch.kind} model call ran past its deadline of {deadline_s:.2f} s (estimated "
+                    f"{batch.estimate_s:.3f} s) and was abandoned"))  # its one log line
+            else:
+                log.exception("%s call failed", batch.kind)
+                self.scheduler.fail(batch, error)
         else:
             self.scheduler.complete(batch, output)
         finally:
@@ -105,7 +151,7 @@ class EngineCore:
             step = session.plan_step(budget)
             if step is None:
                 return
-            output = await self.runner.run(voice, [step.payload])
+            output = await self._run(voice, [step.payload])
             costs.observe_call(voice.cost_key, step.kind, step.size, output.seconds, all_slots_busy=True)
             audio = session.complete(step, output.results[0])
             audio_s = 0.0 if audio is None else len(audio) / voice.info.sample_rate

@@ -25,6 +25,9 @@ CALL_HALF_LIFE = 16
 """A call's weight in its fit halves after this many later calls of the same kind."""
 AUDIO_HALF_LIFE_S = 60.0
 """A real-time factor's memory: the weight of past work halves with every this many seconds of audio made."""
+HOLDS_KEPT = 256
+"""Recent calls of a cost key (the calibration's largest steps among them at first) whose longest hold of a
+runner slot sets how long any call of the key may plausibly take: the floor of a call's deadline."""
 
 
 @dataclass
@@ -92,6 +95,7 @@ class CostModel:
         """The same, from calls made while every runner slot was busy: what the machine does at full load."""
         self._rtf: dict[Hashable, RatioFit] = {}
         self._surprises: deque[float] = deque(maxlen=SURPRISES_KEPT)
+        self._holds_s: dict[Hashable, deque[float]] = {}
 
     def observe_call(self, key: Hashable, kind: str, size: int, seconds: float, all_slots_busy: bool = False) -> None:
         """One timed call; ``all_slots_busy`` when every runner slot held a call while it ran."""
@@ -111,6 +115,16 @@ class CostModel:
             return 1.0
         ordered = sorted(self._surprises)
         return max(1.0, ordered[int(SURPRISE_QUANTILE * (len(ordered) - 1))])
+
+    def observe_hold(self, key: Hashable, seconds: float) -> None:
+        """How long one call of the key held its runner slot as the event loop saw it: the call, and the wait for
+        the loop to take its result (longer than the call when the loop or the machine is busy)."""
+        self._holds_s.setdefault(key, deque(maxlen=HOLDS_KEPT)).append(seconds)
+
+    def longest_hold_s(self, key: Hashable) -> float:
+        """The longest hold among the key's recent calls, of any kind; 0 before any."""
+        holds = self._holds_s.get(key)
+        return max(holds) if holds else 0.0
 
     def call_s(self, key: Hashable, kind: str, size: int, all_slots_busy: bool = False) -> float:
         """Estimated seconds of one call, as calls go lately or (``all_slots_busy``) when every slot is busy, where

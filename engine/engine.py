@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from rtvoice.engine.audio.resample import SUPPORTED_SAMPLE_RATES
-from rtvoice.engine.core import EngineCore
+from rtvoice.engine.core import CallDeadlines, EngineCore
 from rtvoice.engine.errors import InvalidRequest, ModelNotLoaded
 from rtvoice.engine.metrics import Metrics
 from rtvoice.engine.models.base import SynthesisOptions, Voice, VoiceInfo
@@ -47,7 +47,10 @@ class Engine:
             ),
             self.metrics,
         )
-        self.core = EngineCore(self.scheduler, self.runner)
+        self.core = EngineCore(self.scheduler, self.runner, CallDeadlines(settings.model_call_deadline_factor,
+                                                                          settings.model_call_deadline_max_s))
+        self.metrics.calls_running.set_function(lambda: len(self.scheduler.running))
+        self.metrics.abandoned_threads.set_function(lambda: self.runner.abandoned_threads)
         self.ready = False
 
     async def start(self) -> None:

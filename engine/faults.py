@@ -1,17 +1,21 @@
-"""A test hook: make one kind of model call raise for streams whose text carries a marker.
+"""A test hook: make one kind of model call raise, or hang, for streams whose text carries a marker.
 
 ``RTVOICE_FAULT_INJECTION=decode:FAIL-DECODE`` wraps each voice the server loads so that a ``decode`` call
-raises when a stream in it is working on a segment (a sentence or clause) containing ``FAIL-DECODE``. Everything else is the real
-voice: the real sessions plan the steps, the real model runs every other call. Tests use it to show that a
-model call that raises fails its own streams and nothing else. Off (empty) by default; never for production.
+raises when a stream in it is working on a segment (a sentence or clause) containing ``FAIL-DECODE``;
+``decode:HANG-DECODE:hang`` makes such a call block instead, as a deadlocked model would, until the voice's
+``released`` event is set (tests set it; a server never does: the call hangs until the process ends).
+Everything else is the real voice: the real sessions plan the steps, the real model runs every other call.
+Tests use it to show that a model call that raises or hangs fails its own streams and nothing else. Off
+(empty) by default; never for production.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -19,6 +23,10 @@ from rtvoice.engine.models.base import (CostEstimate, SegmentTimings, Step, Step
                                         Voice, VoiceSession)
 
 log = logging.getLogger(__name__)
+
+
+FaultMode = Literal["raise", "hang"]
+MODES: tuple[FaultMode, ...] = ("raise", "hang")
 
 
 class InjectedFault(RuntimeError):
@@ -31,25 +39,33 @@ class Fault:
     """The step kind whose call fails (``encode``, ``flow``, ``decode``; ``lm``, ``token2wav``)."""
     marker: str
     """Text that marks a stream for failure."""
+    mode: FaultMode = "raise"
+    """``raise``: the call raises ``InjectedFault``; ``hang``: it blocks until released."""
 
 
 def parse_faults(text: str) -> list[Fault]:
-    """``kind:marker`` pairs, comma-separated; ValueError for anything else."""
+    """``kind:marker`` or ``kind:marker:mode`` items, comma-separated; ValueError for anything else."""
     faults = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         kind, separator, marker = item.partition(":")
+        mode = "raise"
+        head, _, tail = marker.rpartition(":")
+        if tail.strip() in MODES:
+            marker, mode = head, tail.strip()
         if not separator or not kind.strip() or not marker.strip():
-            raise ValueError(f"RTVOICE_FAULT_INJECTION: {item!r} is not kind:marker")
-        faults.append(Fault(kind.strip(), marker.strip()))
+            raise ValueError(f"RTVOICE_FAULT_INJECTION: {item!r} is not kind:marker or kind:marker:mode "
+                             f"(mode {' or '.join(MODES)})")
+        faults.append(Fault(kind.strip(), marker.strip(), mode.strip()))  # type: ignore[arg-type]
     return faults
 
 
 class _Marked(StepPayload):
-    """A step payload of a marked stream, of the same kind: the call it joins raises."""
+    """A step payload of a marked stream, of the same kind: the call it joins raises or hangs, as ``mode`` says."""
 
-    def __init__(self, payload: StepPayload) -> None:
+    def __init__(self, payload: StepPayload, mode: FaultMode) -> None:
         self.payload = payload
         self.kind = payload.kind
+        self.mode = mode
 
 
 class FaultySession(VoiceSession):
@@ -73,10 +89,10 @@ class FaultySession(VoiceSession):
         self.segment_texts.append(text)
         self.inner.add_segment(text)
 
-    def _fails(self, kind: str) -> bool:
+    def _fault(self, kind: str) -> Fault | None:
         index = self.inner.segments_done
         text = self.segment_texts[index] if index < len(self.segment_texts) else ""
-        return any(fault.kind == kind and fault.marker in text for fault in self.faults)
+        return next((fault for fault in self.faults if fault.kind == kind and fault.marker in text), None)
 
     def next_step(self) -> Step | None:
         return self._marked(self.inner.next_step())
@@ -87,7 +103,8 @@ class FaultySession(VoiceSession):
     def _marked(self, step: Step | None) -> Step | None:
         if step is None:
             return None
-        payload = _Marked(step.payload) if self._fails(step.kind) else step.payload
+        fault = self._fault(step.kind)
+        payload = step.payload if fault is None else _Marked(step.payload, fault.mode)
         return replace(step, payload=payload, session=self)
 
     def complete(self, step: Step, result: Any) -> np.ndarray | None:
@@ -102,12 +119,15 @@ class FaultySession(VoiceSession):
 
 
 class FaultyVoice(Voice):
-    """A voice whose calls raise ``InjectedFault`` when a marked step is among their payloads."""
+    """A voice whose calls raise ``InjectedFault``, or hang until ``released`` is set, when a marked step is among
+    their payloads."""
 
-    def __init__(self, inner: Voice, faults: list[Fault]) -> None:
+    def __init__(self, inner: Voice, faults: list[Fault], released: threading.Event | None = None) -> None:
         self.inner = inner
         self.faults = faults
         self.info = inner.info
+        self.released = released or threading.Event()
+        """Set: hung calls go on (and run the real model); calls that would hang from then on do not."""
 
     def __getattr__(self, name: str) -> Any:
         # Anything else a transport reads from a voice (``source``, ``features``) is the real voice's.
@@ -117,10 +137,15 @@ class FaultyVoice(Voice):
         return FaultySession(self.inner.open_session(options), self.faults)
 
     def run(self, payloads: Sequence[StepPayload]) -> list[Any]:
-        if any(isinstance(payload, _Marked) for payload in payloads):
+        modes = {payload.mode for payload in payloads if isinstance(payload, _Marked)}
+        if "raise" in modes:
             raise InjectedFault(f"injected fault: a {payloads[0].kind} call with a marked stream "
                                 "(RTVOICE_FAULT_INJECTION)")
-        return self.inner.run(payloads)
+        if "hang" in modes:
+            log.warning("injected fault: a %s call with a marked stream hangs (RTVOICE_FAULT_INJECTION)",
+                        payloads[0].kind)
+            self.released.wait()
+        return self.inner.run([p.payload if isinstance(p, _Marked) else p for p in payloads])
 
     def max_batch(self, kind: str) -> int:
         return self.inner.max_batch(kind)
@@ -147,6 +172,8 @@ def with_faults(voices: list[Voice], text: str) -> list[Voice]:
     faults = parse_faults(text)
     if not faults:
         return voices
-    log.warning("RTVOICE_FAULT_INJECTION is set (a test hook): calls fail for %s",
-                ", ".join(f"{f.kind} steps of text with {f.marker!r}" for f in faults))
-    return [FaultyVoice(voice, faults) for voice in voices]
+    log.warning("RTVOICE_FAULT_INJECTION is set (a test hook): calls %s",
+                ", ".join(f"{'hang' if f.mode == 'hang' else 'fail'} for {f.kind} steps of text with {f.marker!r}"
+                          for f in faults))
+    released = threading.Event()
+    return [FaultyVoice(voice, faults, released) for voice in voices]

@@ -44,6 +44,17 @@ class Metrics:
             "rtvoice_model_call_seconds", "Duration of one model call", ["kind"], buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.calls_abandoned = Counter(
+            "rtvoice_model_calls_abandoned", "Model calls abandoned past their deadline (their streams failed)",
+            ["kind"], registry=r,
+        )
+        self.calls_running = Gauge(
+            "rtvoice_model_calls_running", "Model calls holding a runner slot (abandoned calls hold none)", registry=r,
+        )
+        self.abandoned_threads = Gauge(
+            "rtvoice_runner_abandoned_threads", "Runner threads still held by an abandoned (hung) model call",
+            registry=r,
+        )
         self.late_chunks = Counter(
             "rtvoice_late_chunks", "Chunks produced after a real-time listener would have run out of audio",
             registry=r,

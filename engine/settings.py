@@ -80,6 +80,13 @@ class Settings(BaseSettings):
     model_cost_scale: float = Field(1.0, ge=1.0)
     """Test and benchmark hook: each model call holds its runner slot this many times its measured time,
     as on a slower machine (2: half the speed)."""
+    model_call_deadline_factor: float = Field(10.0, gt=1.0)
+    """A model call running this many times longer than it may plausibly take (its estimate with the margin above,
+    or the longest recent call of its voice when that is more) is abandoned: its streams fail and its runner slot
+    is freed at once."""
+    model_call_deadline_max_s: float = Field(60.0, gt=0)
+    """No model call runs longer than this before it is abandoned; also the deadline of a call nothing was
+    measured for yet (no warm-up)."""
     runner_threads: int = 2
     """Model calls that run at once."""
     intra_op_threads: int = 1
