@@ -117,7 +117,7 @@ class EngineCore:
             if deadline.expired():  # the runner gave up its thread: the slot is free now, a late result dropped
                 self.scheduler.metrics.calls_abandoned.labels(batch.kind).inc()
                 self.scheduler.fail(batch, CallAbandoned(
-                    f"a {batch.kind} model call ran past its deadline of {deadline_s:.2f} s (estimated "
+                    f"its {batch.kind} model call ran past its deadline of {deadline_s:.2f} s (estimated "
                     f"{batch.estimate_s:.3f} s) and was abandoned"))  # its one log line
             else:
                 log.exception("%s call failed", batch.kind)

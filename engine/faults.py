@@ -142,7 +142,7 @@ class FaultyVoice(Voice):
             raise InjectedFault(f"injected fault: a {payloads[0].kind} call with a marked stream "
                                 "(RTVOICE_FAULT_INJECTION)")
         if "hang" in modes:
-            log.warning("injected fault: a %s call with a marked stream hangs (RTVOICE_FAULT_INJECTION)",
+            log.warning("injected fault: the %s call of a marked stream hangs (RTVOICE_FAULT_INJECTION)",
                         payloads[0].kind)
             self.released.wait()
         return self.inner.run([p.payload if isinstance(p, _Marked) else p for p in payloads])
