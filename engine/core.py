@@ -10,7 +10,8 @@ measured costs) is abandoned: its streams fail, its slot is free at once (the ru
 and starts another), and whatever it returns later is dropped.
 
 At start it also runs each voice's steps through the runner once, smallest and largest sizes, so
-the scheduler's cost estimates are measured before the first request.
+the scheduler's cost estimates are measured before the first request; a calibration call that hangs past the
+deadlines' cap stops the start with an error.
 """
 
 from __future__ import annotations
@@ -151,7 +152,14 @@ class EngineCore:
             step = session.plan_step(budget)
             if step is None:
                 return
-            output = await self._run(voice, [step.payload])
+            try:
+                async with asyncio.timeout(self.deadlines.max_s) as deadline:  # nothing measured yet: the cap
+                    output = await self._run(voice, [step.payload])
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                raise CallAbandoned(f"calibrating voice {voice.info.id}: its {step.kind} model call ran past "
+                                    f"{self.deadlines.max_s:g} s (RTVOICE_MODEL_CALL_DEADLINE_MAX_S)") from None
             costs.observe_call(voice.cost_key, step.kind, step.size, output.seconds, all_slots_busy=True)
             audio = session.complete(step, output.results[0])
             audio_s = 0.0 if audio is None else len(audio) / voice.info.sample_rate

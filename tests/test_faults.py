@@ -322,6 +322,14 @@ def test_a_corrupt_voice_file_stops_the_server_with_its_name(tmp_path: Path) -> 
     assert "stopping: the engine could not start" in result.stderr
 
 
+def test_a_call_that_hangs_at_calibration_stops_the_server_with_what_hung() -> None:
+    # The engine's calibration speaks "Warming up." before any request: its encode call hangs.
+    result = serve({"RTVOICE_FAULT_INJECTION": "encode:Warming:hang", "RTVOICE_MODEL_CALL_DEADLINE_MAX_S": "2"})
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert re.search(r"calibrating voice \S+: its encode model call ran past 2 s", result.stderr), result.stderr[-2000:]
+    assert "stopping: the engine could not start" in result.stderr
+
+
 def test_invalid_settings_stop_the_server_at_once() -> None:
     for env in ({"RTVOICE_API_KEYS": "a:same,b:same"}, {"RTVOICE_FAULT_INJECTION": "nocolon"}):
         result = serve(env, timeout=60)
