@@ -48,13 +48,15 @@ class CallDeadlines:
     """How long a model call may run before it is abandoned: ``factor`` times what it may plausibly take, at
     most ``max_s``. What it may plausibly take is its estimate with the scheduler's margin, or the longest a recent
     call of its cost key held its slot when that is more (a floor for small calls, whose estimates jitter dwarfs);
-    a call of a key never measured (no calibration) gets ``max_s``."""
+    a call of a kind never measured for its key (no calibration; a first call may also pay for lazy set-up) gets
+    ``max_s``."""
 
     factor: float = 10.0
     max_s: float = 60.0
 
-    def deadline_s(self, plausible_s: float) -> float:
-        return min(self.max_s, self.factor * plausible_s) if plausible_s > 0 else self.max_s
+    def deadline_s(self, plausible_s: float | None) -> float:
+        """The deadline of a call that may plausibly take ``plausible_s``; None: nothing measured."""
+        return min(self.max_s, self.factor * plausible_s) if plausible_s else self.max_s
 
 
 class EngineCore:
@@ -99,8 +101,10 @@ class EngineCore:
 
     def deadline_s(self, batch: Batch) -> float:
         """When ``batch``'s call is abandoned, in seconds from its start."""
-        longest_s = self.scheduler.costs.longest_hold_s(batch.voice.cost_key)
-        return self.deadlines.deadline_s(max(batch.estimate_s * self.scheduler.safety(), longest_s))
+        costs, key = self.scheduler.costs, batch.voice.cost_key
+        if not costs.measured(key, batch.kind):
+            return self.deadlines.deadline_s(None)
+        return self.deadlines.deadline_s(max(batch.estimate_s * self.scheduler.safety(), costs.longest_hold_s(key)))
 
     async def _run(self, voice: Voice, payloads: Sequence[StepPayload]) -> BatchOutput:
         """A call on the runner, its hold of the slot as the loop sees it recorded for the deadlines."""

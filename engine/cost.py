@@ -126,6 +126,10 @@ class CostModel:
         holds = self._holds_s.get(key)
         return max(holds) if holds else 0.0
 
+    def measured(self, key: Hashable, kind: str) -> bool:
+        """Calls of this kind have been timed for the key."""
+        return (key, kind) in self._calls
+
     def call_s(self, key: Hashable, kind: str, size: int, all_slots_busy: bool = False) -> float:
         """Estimated seconds of one call, as calls go lately or (``all_slots_busy``) when every slot is busy, where
         cores shared by the slots, the event loop and other work make each call slower; 0 for a kind never

@@ -287,11 +287,16 @@ def test_deadlines_follow_the_measured_costs() -> None:
     deadlines = CallDeadlines(factor=10, max_s=60)
     assert deadlines.deadline_s(0.05) == pytest.approx(0.5)
     assert deadlines.deadline_s(20.0) == 60  # the cap
-    assert deadlines.deadline_s(0.0) == 60  # nothing measured yet
+    assert deadlines.deadline_s(None) == 60  # nothing measured yet
 
     sim = Simulation(FakeVoice(), slots=1)
-    sim.calibrate()  # every call held its slot as long as the fake voice says, and no longer
     core = EngineCore(sim.scheduler, SimulatedRunner(1), deadlines)  # type: ignore[arg-type]
+    sim.open("One sentence to plan a step for.")
+    first = sim.scheduler.pick_batch()
+    assert first is not None and core.deadline_s(first) == 60  # its kind was never measured: the cap
+    sim.scheduler.fail(first, RuntimeError("set aside"))
+
+    sim.calibrate()  # every call held its slot as long as the fake voice says, and no longer
     longest_s = sim.scheduler.costs.longest_hold_s(sim.voice.cost_key)
     stream = sim.open("One sentence to plan a step for.")
     batch = sim.scheduler.pick_batch()
