@@ -4,8 +4,8 @@ RTVOICE_FAULT_INJECTION test hook replaces only that call) for streams whose tex
 Each transport shows the failure to its own client (a cut-off HTTP body, an SSE ``error`` event, a WebSocket
 ``synthesis_failed``, a WHEP ``error`` event) while a stream running at the same time is served whole. A call that
 hangs is abandoned at its deadline: its streams fail the same way, its runner slot comes back at once (every slot,
-when every slot hangs), a metric counts it, and its late result, when it comes, is dropped. Bad voice files stop
-the server at start-up with a message naming them.
+when every slot hangs), a metric counts it, and its late result, when it comes, is dropped. Bad voice files, and
+a calibration call that hangs, stop the server at start-up with a message naming them.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ ABANDONED = "rtvoice_model_calls_abandoned_total"
 
 
 @dataclass(frozen=True)
-class Fault:
+class FaultTexts:
     """Texts that fail one way: ``late`` after its first sentence is spoken (a ``decode`` call), ``early`` before
     any audio (its ``encode`` call)."""
 
@@ -57,9 +57,9 @@ class Fault:
 
 
 FAULTS = {
-    "raise": Fault("raise", "This first sentence is spoken. The second one carries FAILDECODE and breaks.",
+    "raise": FaultTexts("raise", "This first sentence is spoken. The second one carries FAILDECODE and breaks.",
                    "FAILENCODE breaks before any audio."),
-    "hang": Fault("hang", "This first sentence is spoken. The second one carries HANGDECODE and hangs.",
+    "hang": FaultTexts("hang", "This first sentence is spoken. The second one carries HANGDECODE and hangs.",
                   "HANGENCODE hangs before any audio."),
 }
 
@@ -82,7 +82,7 @@ def faulty(faulty_log: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(params=list(FAULTS))
-def fault(request: pytest.FixtureRequest) -> Fault:
+def fault(request: pytest.FixtureRequest) -> FaultTexts:
     return FAULTS[request.param]
 
 
@@ -132,7 +132,7 @@ def test_the_hook_parses_and_is_off_by_default() -> None:
     assert Settings(_env_file=None).fault_injection == ""
 
 
-def test_http_body_that_fails_midway_is_cut_off_and_the_neighbour_is_whole(faulty: Server, fault: Fault) -> None:
+def test_http_body_that_fails_midway_is_cut_off_and_the_neighbour_is_whole(faulty: Server, fault: FaultTexts) -> None:
     abandoned = faulty.metric(ABANDONED)
     url = f"{faulty.url}/inference_sft"
 
@@ -150,7 +150,7 @@ def test_http_body_that_fails_midway_is_cut_off_and_the_neighbour_is_whole(fault
     assert httpx.get(f"{faulty.url}/readyz").status_code == 200
 
 
-def test_failure_before_any_audio_cuts_the_body_too(faulty: Server, fault: Fault) -> None:
+def test_failure_before_any_audio_cuts_the_body_too(faulty: Server, fault: FaultTexts) -> None:
     """The status left at once (the client knows it was admitted): a failure before any audio cuts the body."""
     with httpx.stream("POST", f"{faulty.url}/v1/audio/speech", timeout=60, json={
             "model": "tts-1", "voice": "alloy", "input": fault.early, "response_format": "wav"}) as response:
@@ -160,7 +160,7 @@ def test_failure_before_any_audio_cuts_the_body_too(faulty: Server, fault: Fault
     assert speech(faulty, "Still fine afterwards.").status_code == 200
 
 
-def test_sse_gets_an_error_event_then_the_cut(faulty: Server, fault: Fault) -> None:
+def test_sse_gets_an_error_event_then_the_cut(faulty: Server, fault: FaultTexts) -> None:
     text = ""
     with httpx.stream("POST", f"{faulty.url}/v1/audio/speech", timeout=60, json={
             "model": "tts-1", "voice": "alloy", "input": fault.late, "stream_format": "sse"}) as response:
@@ -175,7 +175,7 @@ def test_sse_gets_an_error_event_then_the_cut(faulty: Server, fault: Fault) -> N
     assert not any(event["type"] == "speech.audio.done" for event in events)
 
 
-def test_websocket_utterance_fails_alone(faulty: Server, fault: Fault) -> None:
+def test_websocket_utterance_fails_alone(faulty: Server, fault: FaultTexts) -> None:
     async def main() -> None:
         url = faulty.url.replace("http", "ws") + "/v1/tts/stream"
         async with websockets.connect(url) as failing, websockets.connect(url) as other:
@@ -200,7 +200,7 @@ def test_websocket_utterance_fails_alone(faulty: Server, fault: Fault) -> None:
     asyncio.run(main())
 
 
-def test_whep_utterance_fails_with_an_error_event(faulty: Server, fault: Fault) -> None:
+def test_whep_utterance_fails_with_an_error_event(faulty: Server, fault: FaultTexts) -> None:
     asyncio.run(refused_then_spoken(faulty.url, fault.late, "synthesis_failed"))
 
 
