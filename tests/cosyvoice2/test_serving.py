@@ -328,3 +328,44 @@ def _multi_stream_lm_calls(server: Server) -> float:
     total = server.metric("rtvoice_batch_size_count", {"kind": "lm"})
     single = server.metric("rtvoice_batch_size_bucket", {"kind": "lm", "le": "1.0"})
     return total - single
+
+
+def test_a_hung_token2wav_call_is_abandoned_and_the_neighbour_is_exact(
+        start_server: Callable[..., Server], serving_model_dir: Path, voices_dir: Path, local: Any) -> None:
+    """CosyVoice2 behind the hang hook: a marked stream's token2wav call hangs and is abandoned at a deadline from
+    CosyVoice2's own measured costs; its body is cut, while a request beside it, and one after it, each equal
+    their solo output."""
+    server = start_server(cosyvoice_dir=str(serving_model_dir), cosyvoice_voices_dir=str(voices_dir),
+                          fault_injection="token2wav:HANGWAV:hang", max_batch_size="1",
+                          model_call_deadline_factor="8")
+    url = f"{server.url}/inference_sft"
+    text, seed = "Hello there.", 4
+
+    async def hung(client: httpx.AsyncClient) -> BaseException | None:
+        async with client.stream("POST", url, data={"tts_text": "HANGWAV stops here.", "spk_id": "cosyvoice2-sft",
+                                                    "format": "pcm"}) as response:
+            assert response.status_code == 200
+            try:
+                await response.aread()
+            except httpx.HTTPError as error:
+                return error
+        return None
+
+    async def clean(client: httpx.AsyncClient) -> np.ndarray:
+        response = await client.post(url, data={"tts_text": text, "spk_id": "cosyvoice2-sft", "seed": str(seed),
+                                                "format": "pcm"})
+        assert response.status_code == 200
+        return np.frombuffer(response.content, dtype="<i2")
+
+    async def run() -> tuple[BaseException | None, np.ndarray]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(hung(client), clean(client))
+
+    error, beside = asyncio.run(run())
+    assert isinstance(error, httpx.RemoteProtocolError), error
+    assert server.metric("rtvoice_model_calls_abandoned_total", {"kind": "token2wav"}) == 1
+    want = engine_pcm(local, local.speakers["cosyvoice2-sft"], text, seed=seed)
+    assert np.array_equal(beside, want)
+    after = httpx.post(url, data={"tts_text": text, "spk_id": "cosyvoice2-sft", "seed": str(seed), "format": "pcm"},
+                       timeout=120)
+    assert after.status_code == 200 and np.array_equal(np.frombuffer(after.content, dtype="<i2"), want)
