@@ -10,7 +10,7 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ torch = require("torch")
 require("transformers")
 require("kaldi_native_fbank")
 
+from bench.servers import start_rtvoice  # noqa: E402
 from rtvoice.engine.models.base import SynthesisOptions  # noqa: E402
 from tests.audio import parse_wav  # noqa: E402
 from tests.conftest import Server  # noqa: E402
@@ -330,14 +331,22 @@ def _multi_stream_lm_calls(server: Server) -> float:
     return total - single
 
 
-def test_a_hung_token2wav_call_is_abandoned_and_the_neighbour_is_exact(
-        start_server: Callable[..., Server], serving_model_dir: Path, voices_dir: Path, local: Any) -> None:
+@pytest.fixture
+def hanging_cv_server(serving_model_dir: Path, voices_dir: Path) -> Iterator[Server]:
+    """CosyVoice2 behind the hang hook, stopped after its test (its hung thread stays until then)."""
+    server = start_rtvoice({
+        "RTVOICE_COSYVOICE_DIR": str(serving_model_dir), "RTVOICE_COSYVOICE_VOICES_DIR": str(voices_dir),
+        "RTVOICE_FAULT_INJECTION": "token2wav:HANGWAV:hang", "RTVOICE_MAX_BATCH_SIZE": "1",
+        "RTVOICE_MODEL_CALL_DEADLINE_FACTOR": "8"})
+    yield server
+    server.stop()
+
+
+def test_a_hung_token2wav_call_is_abandoned_and_the_neighbour_is_exact(hanging_cv_server: Server, local: Any) -> None:
     """CosyVoice2 behind the hang hook: a marked stream's token2wav call hangs and is abandoned at a deadline from
     CosyVoice2's own measured costs; its body is cut, while a request beside it, and one after it, each equal
     their solo output."""
-    server = start_server(cosyvoice_dir=str(serving_model_dir), cosyvoice_voices_dir=str(voices_dir),
-                          fault_injection="token2wav:HANGWAV:hang", max_batch_size="1",
-                          model_call_deadline_factor="8")
+    server = hanging_cv_server
     url = f"{server.url}/inference_sft"
     text, seed = "Hello there.", 4
 
