@@ -20,7 +20,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from rtvoice.engine.models.base import StepBudget, StepPayload, SynthesisOptions, Voice, VoiceSession
@@ -48,8 +48,7 @@ class CallDeadlines:
     """How long a model call may run before it is abandoned: ``factor`` times what it may plausibly take, at
     most ``max_s``. What it may plausibly take is its estimate with the scheduler's margin, or the longest a recent
     call of its cost key held its slot when that is more (a floor for small calls, whose estimates jitter dwarfs);
-    a call of a kind never measured for its key (no calibration; a first call may also pay for lazy set-up) gets
-    ``max_s``."""
+    a call of a key not calibrated at start (no warm-up), or of a kind never measured for its key, gets ``max_s``."""
 
     factor: float = 10.0
     max_s: float = 60.0
@@ -64,6 +63,8 @@ class EngineCore:
         self.scheduler = scheduler
         self.runner = runner
         self.deadlines = deadlines
+        self._calibrated: set[Hashable] = set()
+        """Cost keys whose calls the calibration measured."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._calls: set[asyncio.Task[None]] = set()
@@ -102,7 +103,9 @@ class EngineCore:
     def deadline_s(self, batch: Batch) -> float:
         """When ``batch``'s call is abandoned, in seconds from its start."""
         costs, key = self.scheduler.costs, batch.voice.cost_key
-        if not costs.measured(key, batch.kind):
+        if key not in self._calibrated or not costs.measured(key, batch.kind):
+            # A few live calls say too little of how long calls may take on this machine: the cap, until the
+            # calibration's calls (the largest steps, every slot busy) have been measured.
             return self.deadlines.deadline_s(None)
         return self.deadlines.deadline_s(max(batch.estimate_s * self.scheduler.safety(), costs.longest_hold_s(key)))
 
@@ -146,6 +149,7 @@ class EngineCore:
                 budgets.append(_LARGEST)
             for budget in budgets:
                 await asyncio.gather(*(self._calibrate(voice, budget) for _ in range(self.runner.slots)))
+            self._calibrated.add(voice.cost_key)
 
     async def _calibrate(self, voice: Voice, budget: StepBudget) -> None:
         costs = self.scheduler.costs

@@ -85,8 +85,8 @@ class Settings(BaseSettings):
     or the longest recent call of its voice when that is more) is abandoned: its streams fail and its runner slot
     is freed at once."""
     model_call_deadline_max_s: float = Field(60.0, gt=0)
-    """No model call runs longer than this before it is abandoned; also the deadline of a kind of call not measured
-    yet for its voice (no warm-up), and of each calibration call at start-up (one that hangs stops the start)."""
+    """No model call runs longer than this before it is abandoned; also the deadline of every call of a voice not
+    calibrated at start (no warm-up) or of a kind not measured yet, and of each calibration call at start-up (one that hangs stops the start)."""
     runner_threads: int = 2
     """Model calls that run at once."""
     intra_op_threads: int = 1

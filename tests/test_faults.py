@@ -304,7 +304,15 @@ def test_deadlines_follow_the_measured_costs() -> None:
     assert first is not None and core.deadline_s(first) == 60  # its kind was never measured: the cap
     sim.scheduler.fail(first, RuntimeError("set aside"))
 
-    sim.calibrate()  # every call held its slot as long as the fake voice says, and no longer
+    sim.open("A whole sentence, spoken by the simulation.")
+    sim.run()  # live calls measure every kind, but the voice is not calibrated: still the cap
+    sim.open("One sentence to plan a step for.")
+    live = sim.scheduler.pick_batch()
+    assert live is not None and sim.scheduler.costs.measured(sim.voice.cost_key, live.kind)
+    assert core.deadline_s(live) == 60
+    sim.scheduler.fail(live, RuntimeError("set aside"))
+
+    asyncio.run(core.calibrate([sim.voice]))  # every call held its slot as long as the fake voice says, and no longer
     longest_s = sim.scheduler.costs.longest_hold_s(sim.voice.cost_key)
     stream = sim.open("One sentence to plan a step for.")
     batch = sim.scheduler.pick_batch()
