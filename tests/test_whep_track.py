@@ -54,6 +54,18 @@ def make_track() -> tuple[SpeechTrack, FakeTime]:
     return SpeechTrack(clock=fake.clock, sleep=fake.sleep), fake
 
 
+def count_late(track: SpeechTrack) -> list[int]:
+    """The late frames the track reports (what the session counts into its metric)."""
+    late: list[int] = []
+    track.on_late = late.append
+    return late
+
+
+def skipped_frames(pts: list[int]) -> int:
+    """Frames of RTP time passed over between consecutive packets (each packet advances one frame)."""
+    return sum((b - a) // FRAME_SAMPLES - 1 for a, b in zip(pts, pts[1:]))
+
+
 async def pull(track: SpeechTrack, fake: FakeTime, count: int) -> list[tuple[float, int, bool]]:
     """``count`` packets as (time sent, pts, begins a talkspurt)."""
     sent = []
@@ -66,6 +78,7 @@ async def pull(track: SpeechTrack, fake: FakeTime, count: int) -> list[tuple[flo
 def test_no_media_before_the_first_text_then_one_packet_per_frame_time() -> None:
     async def main() -> None:
         track, fake = make_track()
+        late = count_late(track)
         waiting = asyncio.ensure_future(track.recv())
         for _ in range(5):
             await asyncio.sleep(0)
@@ -79,7 +92,7 @@ def test_no_media_before_the_first_text_then_one_packet_per_frame_time() -> None
         assert [t - start for t, _, _ in sent] == pytest.approx([i * FRAME_S for i in range(1, 50)])
         assert fake.slept == pytest.approx(49 * FRAME_S)  # each packet waited for its time: none early
         assert not any(marked for _, _, marked in sent)  # one talkspurt: the stream's first packet
-        assert track.skipped_frames == 0 and track.late_frames == 0
+        assert skipped_frames([first.pts] + [pts for _, pts, _ in sent]) == 0 and late == []
         track.stop()
 
     run(main())
@@ -88,15 +101,16 @@ def test_no_media_before_the_first_text_then_one_packet_per_frame_time() -> None
 def test_a_stall_skips_rtp_time_instead_of_bursting() -> None:
     async def main() -> None:
         track, fake = make_track()
+        late = count_late(track)
         track.activate()
-        await pull(track, fake, 5)
+        before = await pull(track, fake, 5)
         start = fake.now - 4 * FRAME_S
         fake.stall(0.150)  # the loop is busy past the next frame's due time
         after = await pull(track, fake, 10)
         t0, pts0, marked0 = after[0]
         # Woken 150 ms late: the packet takes the timestamp of now, 7 frames of RTP time are skipped, none sent late.
         assert pts0 == (5 + 7) * FRAME_SAMPLES and marked0
-        assert track.skipped_frames == 7 and track.late_frames == 1
+        assert skipped_frames([before[-1][1], pts0]) == 7 and late == [1]
         lag = t0 - (start + pts0 / SAMPLE_RATE)
         assert lag == pytest.approx(0.010)
         # Then paced again on the same 20 ms grid, no catching up.
@@ -106,7 +120,7 @@ def test_a_stall_skips_rtp_time_instead_of_bursting() -> None:
         # A pull that comes late between recv() calls (the sender itself was held up) is treated the same way.
         fake.now += 0.055
         t, pts, marked = (await pull(track, fake, 1))[0]
-        assert marked and track.skipped_frames == 7 + 1 and track.late_frames == 1  # 35 ms behind: not "late"
+        assert marked and skipped_frames([after[-1][1], pts]) == 1 and late == [1]  # 35 ms behind: not "late"
         assert 0 <= t - (start + pts / SAMPLE_RATE) < FRAME_S
         track.stop()
 
@@ -119,10 +133,12 @@ def test_never_faster_than_real_time_whatever_the_stalls() -> None:
     async def main() -> None:
         generator = random.Random(7)
         track, fake = make_track()
+        late = count_late(track)
         track.activate()
         first = await track.recv()
         start = fake.now
         last_pts = first.pts
+        sent_pts = [first.pts]
         times = [fake.now]
         was_speech = False
         for _ in range(400):
@@ -142,8 +158,9 @@ def test_never_faster_than_real_time_whatever_the_stalls() -> None:
             # Marked: the first packet after RTP time was skipped, and speech after silence.
             assert track.begins_talkspurt(packet.pts) == (step > FRAME_SAMPLES or (is_speech and not was_speech))
             last_pts, was_speech = packet.pts, is_speech
+            sent_pts.append(packet.pts)
             times.append(fake.now)
-        assert track.skipped_frames > 0 and track.late_frames > 0
+        assert skipped_frames(sent_pts) > 0 and late
         # Over any stretch, at most one packet more than its duration in frames (the lag bound above).
         for i in range(len(times)):
             for j in range(i + 1, min(len(times), i + 60)):
@@ -223,13 +240,12 @@ def test_stop_before_the_first_text_ends_a_waiting_recv() -> None:
 def test_late_frames_are_counted_past_the_threshold() -> None:
     async def main() -> None:
         track, fake = make_track()
-        late: list[int] = []
-        track.on_late = late.append
+        late = count_late(track)
         track.activate()
         await pull(track, fake, 2)
         fake.stall(LATE_S + 0.001)
         await pull(track, fake, 1)
-        assert late == [1] and track.late_frames == 1
+        assert late == [1]
         track.stop()
 
     run(main())

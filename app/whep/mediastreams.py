@@ -92,23 +92,13 @@ class SpeechTrack(MediaStreamTrack):
         self._speaking = False
         self._talkspurts: deque[int] = deque(maxlen=TALKSPURT_HISTORY)
         self._encoder = OpusPacketEncoder(SAMPLE_RATE, FRAME_SAMPLES, OPUS_BITRATE)
-        self.frames_sent = 0
         self.speech_frames_sent = 0
-        self.late_frames = 0
-        self.skipped_frames = 0
-        """Frames of RTP time passed over because a pull came late (heard as a concealed gap)."""
-        self.underrun_frames = 0
         self.expecting = False
         """Set by the playback queue while an utterance is under way: an empty queue then is an underrun."""
         self.on_late: Callable[[int], None] | None = None
         self.on_underrun: Callable[[], None] | None = None
 
     # -- producer side ----------------------------------------------------------------------------
-
-    @property
-    def queued_s(self) -> float:
-        """Speech queued and not yet sent."""
-        return self._queued_frames * FRAME_S
 
     def push(self, frame: np.ndarray) -> None:
         """Queue one frame of FRAME_SAMPLES int16 samples."""
@@ -174,7 +164,6 @@ class SpeechTrack(MediaStreamTrack):
             now = self._clock()  # the loop may have been busy past the due time while we slept
         behind = now - due
         if behind > LATE_S:
-            self.late_frames += 1
             if self.on_late:
                 self.on_late(1)
         missed = int(behind / FRAME_S)
@@ -182,7 +171,6 @@ class SpeechTrack(MediaStreamTrack):
             return False
         # Never catch up in a burst: the frames missed are skipped over in RTP time, not sent late.
         self._timestamp += missed * FRAME_SAMPLES
-        self.skipped_frames += missed
         return True
 
     def begins_talkspurt(self, timestamp: int) -> bool:
@@ -202,10 +190,8 @@ class SpeechTrack(MediaStreamTrack):
             raise MediaStreamError
         pcm = self._next_pcm()
         if pcm is None:
-            if self.expecting:
-                self.underrun_frames += 1
-                if self.on_underrun:
-                    self.on_underrun()
+            if self.expecting and self.on_underrun:
+                self.on_underrun()
         else:
             self.speech_frames_sent += 1
         if first or skipped or (pcm is not None and not self._speaking):
@@ -214,7 +200,6 @@ class SpeechTrack(MediaStreamTrack):
         packet = Packet(self._encoder.encode(pcm))
         packet.pts = self._timestamp
         packet.time_base = TIME_BASE
-        self.frames_sent += 1
         return packet
 
     def stop(self) -> None:

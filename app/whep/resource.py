@@ -65,7 +65,6 @@ class WhepResource:
         self.created_at = time.monotonic()
         self.last_activity = self.created_at
         self.closed = False
-        self.close_reason: str | None = None
         self.pc = RTCPeerConnection(context.rtc_configuration)
         self.track = SpeechTrack()
         self.track.on_late = context.metrics.count_late_frames
@@ -234,7 +233,6 @@ class WhepResource:
         if self.closed:
             return
         self.closed = True
-        self.close_reason = reason
         self.context.on_closed(self, reason)
         self.playback.close()
         for task in list(self._tasks):

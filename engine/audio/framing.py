@@ -14,11 +14,6 @@ class FrameBuffer:
         self.frame_samples = frame_samples
         self._pending = np.zeros(0, dtype=np.int16)
 
-    @property
-    def pending_samples(self) -> int:
-        """Samples held back because they do not fill a frame yet."""
-        return len(self._pending)
-
     def push(self, pcm: np.ndarray) -> list[np.ndarray]:
         """Add samples; return every frame now complete, in order."""
         pcm = np.asarray(pcm, dtype=np.int16).reshape(-1)

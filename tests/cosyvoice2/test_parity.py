@@ -10,6 +10,7 @@ torch = require("torch")
 require("transformers")
 
 from rtvoice.engine.models.cosyvoice2 import FlowPrompt  # noqa: E402
+from rtvoice.engine.models.cosyvoice2.sampling import new_generator  # noqa: E402
 
 TOL = 1e-4
 
@@ -57,7 +58,11 @@ def test_hift_offline(model: Any, vectors: dict[str, Any], record_error: Any) ->
 
 
 def test_offline_token2wav(model: Any, vectors: dict[str, Any], record_error: Any) -> None:
-    speech = model.token2wav.offline(vectors["tokens"], _prompt(vectors))
+    """All tokens in one flow call, then HiFT: the reference's non-streaming path."""
+    p = _prompt(vectors)
+    with torch.inference_mode():
+        mel = model.flow(vectors["tokens"], p.tokens, p.feat, p.embedding, streaming=False, finalize=True)
+        speech, _ = model.hift(mel, generator=new_generator(device=mel.device))
     assert record_error("offline_speech", vectors["offline_speech"], speech) < TOL
 
 

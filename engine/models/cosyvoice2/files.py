@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 REQUIRED_FILES = ("cosyvoice2.yaml", "llm.pt", "flow.pt", "hift.pt", "CosyVoice-BlankEN/config.json")
-OPTIONAL_FILES = ("speech_tokenizer_v2.onnx", "campplus.onnx", "spk2info.pt")
 
 
 class CosyVoiceDirError(RuntimeError):

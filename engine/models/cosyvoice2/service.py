@@ -69,8 +69,6 @@ class CosyVoice2Service:
         self.runner = CosyVoice2Runner(model, model_dir, device, threads, token2wav_batch)
         """Runs the steps of every voice of this model."""
         self.model_dir = model_dir
-        self.estimator_backend = "torch"
-        """What runs the flow estimator: 'torch', 'trt-fp16' or 'trt-fp32' (see ``trt.py``)."""
         self.store = store
         self.speakers: dict[str, CosyVoice2Voice] = {}
         for name, entry in sorted(model.spk2info.items()):
@@ -115,7 +113,6 @@ class CosyVoice2Service:
         setup = setup_estimator(self.model.flow, backend, device=self.device, model_dir=self.model_dir,
                                 data_dir=data_dir, contexts=contexts, max_batch=self.token2wav_batch,
                                 optimization_level=optimization_level)
-        self.estimator_backend = setup.backend
         return setup
 
     @property

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from .flow import CausalMaskedDiffWithXvec, FlowItem
 from .hift import HiFTGenerator
@@ -67,21 +66,6 @@ class Token2Wav:
         self.token_mel_ratio = flow.cfg.token_mel_ratio
         self.source_cache_len = MEL_CACHE_FRAMES * hift.cfg.samples_per_frame
         self.window = torch.hamming_window(2 * self.source_cache_len, periodic=False, dtype=torch.float64)
-
-    @torch.inference_mode()
-    def offline(
-        self,
-        tokens: torch.Tensor,
-        prompt: FlowPrompt,
-        speed: float = 1.0,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """All tokens [1, N] in one call -> audio [1, samples]. ``speed`` > 1 shortens by resampling the mel."""
-        mel = self.flow(tokens, prompt.tokens, prompt.feat, prompt.embedding, streaming=False, finalize=True)
-        if speed != 1.0:
-            mel = F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
-        speech, _ = self.hift(mel, generator=generator or new_generator(device=mel.device))
-        return speech
 
     def stream(self, prompt: FlowPrompt, generator: torch.Generator | None = None) -> Token2WavStream:
         """A new stream; ``generator`` drives HiFT's random source (its own, from OS entropy, if None)."""
