@@ -31,10 +31,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rtvoice.app.errors import asgi_error
+from rtvoice.app.errors import HttpError, asgi_error, http_status
 from rtvoice.app.request_context import RequestRecord
 from rtvoice.engine.errors import EngineError
-from rtvoice.engine.settings import Settings
+from rtvoice.app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -122,12 +122,12 @@ def presented_key(connection: HTTPConnection) -> str | None:
     return None
 
 
-class Unauthorized(EngineError):
+class Unauthorized(HttpError):
     status = 401
     type = "authentication_error"
 
 
-class QuotaExceeded(EngineError):
+class QuotaExceeded(HttpError):
     status = 429
     type = "rate_limit_error"
 
@@ -280,7 +280,7 @@ class AccessControl:
             grant = self.access.admit(presented_key(HTTPConnection(scope)), scope["path"],
                                       websocket=scope["type"] == "websocket")
         except EngineError as error:
-            headers = {"WWW-Authenticate": 'Bearer realm="rtvoice"'} if error.status == 401 else None
+            headers = {"WWW-Authenticate": 'Bearer realm="rtvoice"'} if http_status(error).status == 401 else None
             await asgi_error(scope, send, error, headers)
             return
         record: RequestRecord | None = scope.get("state", {}).get("request")

@@ -46,7 +46,8 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rtvoice.app.errors import invalid_value
+from rtvoice.app.errors import http_status, invalid_value
+from rtvoice.app.fields import Speed
 from rtvoice.app.request_context import track_stream
 from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.state import engine_of
@@ -98,7 +99,7 @@ class OutputFormat(BaseModel):
 class GenerationConfig(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    speed: float | None = Field(None, ge=0.25, le=4.0)
+    speed: Speed | None = None
 
 
 class SpeechRequest(BaseModel):
@@ -149,10 +150,7 @@ def resolve(engine: Engine, request: SpeechRequest) -> Synthesis:
     voice = resolve_voice(engine, request.voice)
     engine.check_sample_rate(request.output_format.sample_rate, "output_format.sample_rate")
     options = SynthesisOptions(speed=request.generation_config.speed or 1.0, seed=request.seed)
-    try:
-        voice.validate(options)
-    except ValueError as error:
-        raise InvalidRequest(str(error), code="invalid_value", param="generation_config.speed") from error
+    engine.check_options(voice.validate, options, "generation_config.speed")
     return Synthesis(voice, request.output_format.sample_rate or voice.info.sample_rate, options,
                      request.output_format)
 
@@ -218,7 +216,7 @@ def error_message(error: EngineError, context_id: str | None) -> dict[str, Any]:
     """Cartesia's WebSocket error event, from an engine error (its code, message and param are rtvoice's)."""
     payload: dict[str, Any] = {
         "type": "error", "done": True,
-        "status_code": STATUS_TOO_MANY if isinstance(error, Overloaded) else error.status,
+        "status_code": STATUS_TOO_MANY if isinstance(error, Overloaded) else http_status(error).status,
         "error_code": error.code, "title": error.code.replace("_", " ").capitalize(), "message": error.message,
         "param": error.param, "request_id": str(uuid.uuid4()), "context_id": context_id,
     }
@@ -493,8 +491,6 @@ async def tts_websocket(websocket: WebSocket) -> None:
 async def tts_bytes(request: Request) -> Response:
     """Cartesia's bytes endpoint: ``transcript`` spoken in ``output_format`` (raw, wav or mp3), streamed."""
     speech = await parse_json_body(request, SpeechRequest)
-    if isinstance(speech, Response):
-        return speech
     engine = engine_of(request)
     engine.check_text(speech.transcript, "transcript")
     synthesis = resolve(engine, speech)

@@ -16,11 +16,12 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import ValidationError
 
 from rtvoice.app import logs
+from rtvoice.app.fields import MAX_SPEED, MIN_SPEED
 from rtvoice.engine.audio.encoding import FORMATS, AudioFormat, wav_header
 from rtvoice.engine.audio.resample import SUPPORTED_SAMPLE_RATES
 from rtvoice.engine.errors import EngineError
 from rtvoice.engine.models.base import SynthesisOptions
-from rtvoice.engine.settings import Settings
+from rtvoice.app.settings import Settings
 
 log = logging.getLogger("rtvoice.cli")
 
@@ -198,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sample-rate", type=int, choices=SUPPORTED_SAMPLE_RATES, metavar="RATE",
         help=f"output rate, one of {', '.join(map(str, SUPPORTED_SAMPLE_RATES))} (default: the voice's own; "
              "for .opus the next rate up that Opus takes)")
-    say_parser.add_argument("--speed", type=float, default=1.0, help="0.25 to 4.0 (default: 1.0)")
+    say_parser.add_argument("--speed", type=float, default=1.0, help=f"{MIN_SPEED} to {MAX_SPEED} (default: 1.0)")
     say_parser.add_argument("--seed", type=int, help="makes the voice's random draws reproducible (default: none)")
     say_parser.set_defaults(parser=say_parser)
     return parser

@@ -15,28 +15,24 @@ samples its clients expect. The sample rate is also in ``X-Sample-Rate``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 
-from rtvoice.app.errors import error_response, validation_error_response
+from rtvoice.app.errors import HttpError, invalid_value
+from rtvoice.app.fields import Speed
 from rtvoice.app.state import engine_of
 from rtvoice.app.streaming import SpeechResponse, audio_body
 from rtvoice.engine.audio.encoding import FORMATS, create_encoder
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import InvalidRequest, ModelNotLoaded
 from rtvoice.engine.models.base import SynthesisOptions, Voice, VoiceInfo
+from rtvoice.engine.models.cosyvoice2 import info as cosyvoice2
 
 router = APIRouter(tags=["CosyVoice"])
-
-COSYVOICE2_MODEL = "cosyvoice2"
-"""``VoiceInfo.model`` of CosyVoice2 voices (engine/models/cosyvoice2/service.py's MODEL_NAME; importing it
-would import torch)."""
-COSYVOICE2_PREFIX = f"{COSYVOICE2_MODEL}-"
-"""What the ids of ``spk2info.pt`` speakers start with."""
 
 
 class SftForm(BaseModel):
@@ -46,7 +42,7 @@ class SftForm(BaseModel):
     spk_id: str | None = Field(None, description="A voice id from /voices; the default voice when omitted.")
     format: Literal["wav", "pcm"] = Field("wav", description="wav: streaming WAV; pcm: raw int16 samples.")
     sample_rate: int | None = Field(None, description="Output rate; the voice's own rate when omitted.")
-    speed: float = Field(1.0, ge=0.25, le=4.0, description="Speaking rate: 2.0 is twice as fast.")
+    speed: Speed = Field(1.0, description="Speaking rate: 2.0 is twice as fast.")
     seed: int | None = Field(None, description="Makes the voice's random draws reproducible.")
 
 
@@ -66,8 +62,20 @@ async def read_form(request: Request) -> tuple[dict[str, str], dict[str, UploadF
     return fields, files
 
 
-async def read_fields(request: Request) -> dict[str, str]:
-    return (await read_form(request))[0]
+Form = TypeVar("Form", bound=BaseModel)
+
+
+async def parse_form(request: Request, model: type[Form]) -> tuple[Form, dict[str, UploadFile]]:
+    """The fields (query and form) as ``model``, and the uploaded files; InvalidRequest (400) for a broken body or
+    fields that do not validate."""
+    try:
+        fields, files = await read_form(request)
+    except Exception as error:  # python-multipart's errors for a broken body
+        raise InvalidRequest(f"malformed form body: {error}", code="invalid_form") from error
+    try:
+        return model.model_validate(fields), files
+    except ValidationError as error:
+        raise invalid_value(error) from error
 
 
 # -- OpenAPI: POST takes a form body; GET takes query parameters, and also the form body that CosyVoice's own
@@ -125,14 +133,7 @@ _AUDIO_RESPONSES = {200: {"content": {FORMATS["wav"].content_type: {}, FORMATS["
              openapi_extra=_form_doc(SftForm, get=False), responses=_AUDIO_RESPONSES)
 async def inference_sft(request: Request) -> Response:
     """Speak ``tts_text`` with voice ``spk_id``, streaming as it is made."""
-    try:
-        fields = await read_fields(request)
-    except Exception as error:  # python-multipart's errors for a broken body
-        return error_response(400, f"malformed form body: {error}", code="invalid_form")
-    try:
-        form = SftForm.model_validate(fields)
-    except ValidationError as error:
-        return validation_error_response(error)
+    form, _ = await parse_form(request, SftForm)
     engine = engine_of(request)
     engine.check_text(form.tts_text, "tts_text")
     voice = resolve_speaker(engine, form.spk_id)
@@ -147,14 +148,14 @@ async def inference_sft(request: Request) -> Response:
 def resolve_speaker(engine: Engine, spk_id: str | None, param: str = "spk_id") -> Voice:
     """A voice by id or alias; a name CosyVoice's clients know from ``spk2info.pt`` (``中文女``) finds the voice
     rtvoice serves it as (``cosyvoice2-中文女``)."""
-    if spk_id and spk_id not in engine.voices and f"{COSYVOICE2_PREFIX}{spk_id}" in engine.voices:
-        spk_id = f"{COSYVOICE2_PREFIX}{spk_id}"
+    if spk_id and spk_id not in engine.voices and f"{cosyvoice2.SPEAKER_PREFIX}{spk_id}" in engine.voices:
+        spk_id = f"{cosyvoice2.SPEAKER_PREFIX}{spk_id}"
     return engine.resolve_voice(spk_id, param=param)
 
 
 def takes_instructions(info: VoiceInfo) -> bool:
     """True for voices that follow an instruction (CosyVoice2's instruct2); Piper voices ignore instructions."""
-    return info.model == COSYVOICE2_MODEL
+    return info.model == cosyvoice2.MODEL_NAME
 
 
 # -- CosyVoice2 with a prompt recording -------------------------------------------------------------
@@ -165,7 +166,8 @@ class PromptForm(BaseModel):
     tts_text: str = Field(description="The text to speak.")
     format: Literal["wav", "pcm"] = Field("wav", description="wav: streaming WAV; pcm: raw int16 samples.")
     sample_rate: int | None = Field(None, description="Output rate; 24000 (the model's own) when omitted.")
-    speed: float = Field(1.0, description="CosyVoice2 streams at 1.0 only.")
+    speed: float = Field(cosyvoice2.STREAMING_SPEED,
+                         description=f"CosyVoice2 streams at {cosyvoice2.STREAMING_SPEED} only.")
     seed: int | None = Field(None, description="Makes sampling and the vocoder's noise reproducible.")
 
 
@@ -184,17 +186,6 @@ class Instruct2Form(PromptForm):
 def _prompt_doc(form: type[BaseModel], *, get: bool) -> dict[str, Any]:
     """A route with the prompt recording: its body is multipart, since it carries the upload."""
     return _form_doc(form, get=get, files=("prompt_wav",), content_types=("multipart/form-data",))
-
-
-async def _form(request: Request, model: type[BaseModel]) -> tuple[Any, dict[str, UploadFile]] | Response:
-    try:
-        fields, files = await read_form(request)
-    except Exception as error:  # python-multipart's errors for a broken body
-        return error_response(400, f"malformed form body: {error}", code="invalid_form")
-    try:
-        return model.model_validate(fields), files
-    except ValidationError as error:
-        return validation_error_response(error)
 
 
 def cloning_service(engine: Engine) -> Any:
@@ -217,16 +208,8 @@ async def _upload(files: dict[str, UploadFile], name: str = "prompt_wav") -> byt
     return await upload.read(MAX_UPLOAD_BYTES + 1)  # one byte over the limit is enough to refuse it
 
 
-def _check_speed(form: PromptForm) -> None:
-    if form.speed != 1.0:
-        raise InvalidRequest("CosyVoice2 voices speak at speed 1.0 only", code="invalid_value", param="speed")
-
-
 async def _prompt_route(request: Request, model: type[PromptForm], mode: str) -> Response:
-    parsed = await _form(request, model)
-    if isinstance(parsed, Response):
-        return parsed
-    form, files = parsed
+    form, files = await parse_form(request, model)
     engine = engine_of(request)
     cloning_service(engine)  # 503 before anything is read when this server cannot use recordings
     engine.check_text(form.tts_text, "tts_text")
@@ -237,7 +220,7 @@ async def _prompt_route(request: Request, model: type[PromptForm], mode: str) ->
         engine.check_text(form.instruct_text, "instruct_text")
         instructions = form.instruct_text
     engine.check_sample_rate(form.sample_rate)
-    _check_speed(form)
+    engine.check_options(cosyvoice2.validate, SynthesisOptions(speed=form.speed))
     data = await _upload(files)
     prompt_text = form.prompt_text if isinstance(form, ZeroShotForm) else ""
     voice = await prompt_voice(engine, data, mode, prompt_text, instructions)
@@ -313,14 +296,18 @@ def _voice_json(voice: Voice) -> dict[str, Any]:
     return body
 
 
+def _check_voice_id_free(engine: Engine, voice_id: str) -> None:
+    """409 when ``voice_id`` names a voice: checked before the recording is read, and again after each wait,
+    since another request may register the same id meanwhile."""
+    if voice_id in engine.voices:
+        raise HttpError(f"voice {voice_id!r} exists", code="voice_exists", param="voice_id", status=409)
+
+
 @router.post("/v1/voices", status_code=201, tags=["Voices"], openapi_extra=_prompt_doc(RegisterForm, get=False),
              responses={201: {"description": "The new voice."}, 409: {"description": "The id is taken."}})
 async def register_voice(request: Request) -> Response:
     """Register a CosyVoice2 zero-shot voice from a recording and its transcript; kept across restarts."""
-    parsed = await _form(request, RegisterForm)
-    if isinstance(parsed, Response):
-        return parsed
-    form, files = parsed
+    form, files = await parse_form(request, RegisterForm)
     engine = engine_of(request)
     service = cloning_service(engine)
     from rtvoice.engine.models.cosyvoice2.voice_store import valid_voice_id  # torch: only with a model loaded
@@ -328,22 +315,20 @@ async def register_voice(request: Request) -> Response:
     if not valid_voice_id(form.voice_id):
         raise InvalidRequest("'voice_id' may hold letters, digits, '_', '.' and '-' (at most 64, starting with a "
                              "letter or digit)", code="invalid_voice_id", param="voice_id")
-    if form.voice_id in engine.voices:
-        return error_response(409, f"voice {form.voice_id!r} exists", code="voice_exists", param="voice_id")
+    _check_voice_id_free(engine, form.voice_id)
     engine.check_text(form.prompt_text, "prompt_text")
     data = await _upload(files)
     loop = asyncio.get_running_loop()
     prompt = await loop.run_in_executor(
         None, lambda: service.prompt_features(service.prompt_audio(data), form.prompt_text))
-    if form.voice_id in engine.voices:  # registered by another request meanwhile
-        return error_response(409, f"voice {form.voice_id!r} exists", code="voice_exists", param="voice_id")
+    _check_voice_id_free(engine, form.voice_id)  # registered by another request meanwhile?
     try:
         voice = await loop.run_in_executor(None, lambda: service.register(
             form.voice_id, prompt, name=form.name or "", language=form.language, description=form.description))
     except OSError as error:
-        return error_response(500, f"could not save the voice: {error}", "server_error", "voice_not_saved")
-    if form.voice_id in engine.voices:
-        return error_response(409, f"voice {form.voice_id!r} exists", code="voice_exists", param="voice_id")
+        raise HttpError(f"could not save the voice: {error}", code="voice_not_saved", status=500,
+                        type="server_error") from error
+    _check_voice_id_free(engine, form.voice_id)
     engine.voices.add(voice)
     return JSONResponse(_voice_json(voice), status_code=201, headers={"Location": f"/v1/voices/{voice.info.id}"})
 
@@ -355,34 +340,34 @@ async def list_voices(request: Request) -> JSONResponse:
     return JSONResponse({"voices": [_voice_json(engine.voices.resolve(voice_id)) for voice_id in engine.voices.ids()]})
 
 
-def _voice_or_404(engine: Engine, voice_id: str) -> Voice | Response:
-    voice = engine.voices.get(voice_id)
+def voice_of(request: Request, voice_id: str) -> Voice:
+    """The voice named in the path (a dependency); 404 when there is none."""
+    voice = engine_of(request).voices.get(voice_id)
     if voice is None:
-        return error_response(404, f"no voice {voice_id!r}", code="voice_not_found", param="voice_id")
+        raise HttpError(f"no voice {voice_id!r}", code="voice_not_found", param="voice_id", status=404)
     return voice
 
 
+PathVoice = Annotated[Voice, Depends(voice_of)]
+
+
 @router.get("/v1/voices/{voice_id}", tags=["Voices"])
-async def get_voice(request: Request, voice_id: str) -> Response:
-    voice = _voice_or_404(engine_of(request), voice_id)
-    return voice if isinstance(voice, Response) else JSONResponse(_voice_json(voice))
+async def get_voice(voice: PathVoice) -> JSONResponse:
+    return JSONResponse(_voice_json(voice))
 
 
 @router.delete("/v1/voices/{voice_id}", status_code=204, tags=["Voices"])
-async def delete_voice(request: Request, voice_id: str) -> Response:
+async def delete_voice(request: Request, voice_id: str, voice: PathVoice) -> Response:
     """Delete a registered voice (streams already speaking with it finish)."""
     engine = engine_of(request)
     service = engine.cosyvoice
-    voice = _voice_or_404(engine, voice_id)
-    if isinstance(voice, Response):
-        return voice
     if getattr(voice, "source", "") != "registered":
-        return error_response(409, f"voice {voice_id!r} is not a registered voice and cannot be deleted",
-                              code="voice_not_deletable", param="voice_id")
+        raise HttpError(f"voice {voice_id!r} is not a registered voice and cannot be deleted",
+                        code="voice_not_deletable", param="voice_id", status=409)
     try:
         engine.voices.remove(voice_id)
     except ValueError as error:
-        return error_response(409, f"{error}; change the server's settings first", code="voice_in_use",
-                              param="voice_id")
+        raise HttpError(f"{error}; change the server's settings first", code="voice_in_use", param="voice_id",
+                        status=409) from error
     await asyncio.get_running_loop().run_in_executor(None, service.unregister, voice_id)
     return Response(status_code=204)

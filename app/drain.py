@@ -18,10 +18,9 @@ from collections.abc import Awaitable, Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rtvoice.app.errors import asgi_error
+from rtvoice.app.errors import HttpError, asgi_error
 from rtvoice.app.limits import OpenSockets
 from rtvoice.app.request_context import PROBE_PATHS
-from rtvoice.engine.errors import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +28,7 @@ RETRY_AFTER_S = 5
 """What a refused client is told to wait: another instance should be taking traffic by then."""
 
 
-class ShuttingDown(EngineError):
+class ShuttingDown(HttpError):
     status = 503
     type = "server_error"
 

@@ -1,9 +1,11 @@
 """The one error body every route returns: OpenAI's ``{"error": {"message", "type", "code", "param"}}``,
-with the request's id as ``request_id`` when it runs for a request."""
+with the request's id as ``request_id`` when it runs for a request; and the HTTP status and OpenAI type of each
+error, the engine's included (the engine names what went wrong, not how a protocol says it)."""
 
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -13,9 +15,55 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope, Send
 
 from rtvoice.app.request_context import current_request_id
-from rtvoice.engine.errors import EngineError, InvalidRequest
+from rtvoice.engine.errors import EngineError, InvalidRequest, ModelNotLoaded, Overloaded, StreamFailed
 
 log = logging.getLogger(__name__)
+
+
+class HttpStatus(NamedTuple):
+    status: int
+    type: str
+    """OpenAI's error type."""
+
+
+INVALID_REQUEST = HttpStatus(400, "invalid_request_error")
+
+ENGINE_STATUSES: dict[type[EngineError], HttpStatus] = {
+    Overloaded: HttpStatus(503, "server_overloaded"),
+    # 404, like OpenAI's unknown model: the condition lasts as long as the server's settings, so a client must
+    # not retry (a 503 would tell it to).
+    ModelNotLoaded: HttpStatus(404, "invalid_request_error"),
+    StreamFailed: HttpStatus(500, "server_error"),
+}
+"""The engine's errors by class (a subclass takes its nearest base's); any other is a 400."""
+
+
+class HttpError(EngineError):
+    """An error app/ raises itself (a missing resource, a conflict, a media type, a key, a quota, a limit, the
+    drain): it names its status and OpenAI type, as Starlette's ``HTTPException`` does, and the one handler
+    below renders it. Subclasses set ``status`` and ``type``; a one-off passes them."""
+
+    status = 400
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, code: str = "invalid_request", param: str | None = None, *,
+                 status: int | None = None, type: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message, code, param)
+        if status is not None:
+            self.status = status
+        if type is not None:
+            self.type = type
+        self.headers = headers or {}
+
+
+def http_status(error: EngineError) -> HttpStatus:
+    """The HTTP status and OpenAI error type of any rtvoice error."""
+    if isinstance(error, HttpError):
+        return HttpStatus(error.status, error.type)
+    for kind in type(error).__mro__:
+        if kind in ENGINE_STATUSES:
+            return ENGINE_STATUSES[kind]
+    return INVALID_REQUEST
 
 
 def error_body(message: str, type: str = "invalid_request_error", code: str | None = None,
@@ -27,14 +75,20 @@ def error_body(message: str, type: str = "invalid_request_error", code: str | No
     return {"error": body}
 
 
+def engine_error_body(error: EngineError) -> dict[str, dict[str, str | None]]:
+    return error_body(error.message, http_status(error).type, error.code, error.param)
+
+
 def error_response(status: int, message: str, type: str = "invalid_request_error", code: str | None = None,
                    param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, type, code, param), status_code=status, headers=headers)
 
 
 def engine_error_response(error: EngineError) -> JSONResponse:
-    headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else None
-    return error_response(error.status, error.message, error.type, error.code, error.param, headers)
+    headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else {}
+    if isinstance(error, HttpError):
+        headers.update(error.headers)
+    return JSONResponse(engine_error_body(error), status_code=http_status(error).status, headers=headers or None)
 
 
 # Close codes (RFC 6455 and IANA's registry) for a WebSocket refused where no HTTP answer can be sent.
@@ -59,7 +113,7 @@ async def asgi_error(scope: Scope, send: Send, error: EngineError, headers: dict
                     "headers": response.raw_headers})
         await send({"type": "websocket.http.response.body", "body": response.body})
         return
-    code = CLOSE_POLICY_VIOLATION if error.status in (401, 403) else CLOSE_TRY_AGAIN_LATER
+    code = CLOSE_POLICY_VIOLATION if http_status(error).status in (401, 403) else CLOSE_TRY_AGAIN_LATER
     await send({"type": "websocket.close", "code": code, "reason": error.code[:120]})
 
 
@@ -86,10 +140,6 @@ def invalid_value(error: ValidationError | RequestValidationError) -> InvalidReq
     return InvalidRequest(message, code="invalid_value", param=param)
 
 
-def validation_error_response(error: ValidationError | RequestValidationError) -> JSONResponse:
-    return engine_error_response(invalid_value(error))
-
-
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 415: "unsupported_media_type"}
 
 
@@ -102,7 +152,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, error: RequestValidationError) -> JSONResponse:
-        return validation_error_response(error)
+        return engine_error_response(invalid_value(error))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, error: StarletteHTTPException) -> JSONResponse:

@@ -20,15 +20,15 @@ from collections.abc import Awaitable, Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rtvoice.app.errors import asgi_error
+from rtvoice.app.errors import HttpError, asgi_error
 from rtvoice.engine.errors import EngineError, Overloaded
-from rtvoice.engine.settings import Settings
+from rtvoice.app.settings import Settings
 
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 
 
-class BodyTooLarge(EngineError):
+class BodyTooLarge(HttpError):
     status = 413
 
     def __init__(self, limit: int, media_type: str) -> None:
@@ -36,14 +36,14 @@ class BodyTooLarge(EngineError):
         super().__init__(f"the request body is larger than {limit} bytes, the limit for {kind}", code="body_too_large")
 
 
-class BodyTimeout(EngineError):
+class BodyTimeout(HttpError):
     status = 408
 
     def __init__(self, timeout_s: float) -> None:
         super().__init__(f"the request body did not arrive within {timeout_s:g} s", code="body_timeout")
 
 
-class BadLength(EngineError):
+class BadLength(HttpError):
     def __init__(self) -> None:
         super().__init__("Content-Length is not a number", code="invalid_content_length")
 

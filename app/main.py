@@ -19,9 +19,10 @@ from rtvoice.app.websocket.router import router as websocket_router
 from rtvoice.app.access import Access, AccessControl, KeyRing, warn_if_open
 from rtvoice.app.drain import Drain, DrainGate
 from rtvoice.app.limits import BodyLimit, OpenSockets, WebSocketLimits
+from rtvoice.app.metrics import RequestMetrics
 from rtvoice.app.request_context import RequestContext
 from rtvoice.engine.engine import Engine
-from rtvoice.engine.settings import Settings
+from rtvoice.app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     engine = engine or Engine(settings)
     keys = KeyRing.from_settings(settings)
     access = Access(keys, settings, engine.metrics.registry)
+    request_metrics = RequestMetrics(engine.metrics.registry)
     sockets = OpenSockets()
     drain = Drain(settings.drain_timeout_s, sockets)
 
@@ -70,7 +72,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         grpc_server = None
         try:
             if settings.grpc_port:  # CosyVoice's gRPC service, same loop and engine
-                grpc_server = await cosyvoice_grpc.serve(engine, settings.host, settings.grpc_port, access, drain)
+                grpc_server = await cosyvoice_grpc.serve(engine, settings.host, settings.grpc_port, request_metrics,
+                                                         access, drain)
             yield
         finally:
             if grpc_server is not None:
@@ -91,6 +94,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.engine = engine
     app.state.settings = settings
     app.state.drain = drain
+    app.state.request_metrics = request_metrics
     app.state.start_failed = False
     errors.install(app)
     app.include_router(ops.router)
@@ -111,7 +115,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         expose_headers=["Location", "ETag", "Link", "X-Sample-Rate", "X-Voice", "Retry-After", "X-Request-ID"],
     )
     whep.install(app)  # WHEP routes and endpoint; after CORS, so its preflight headers wrap CORS's answer
-    app.add_middleware(RequestContext, metrics=engine.metrics)
+    app.add_middleware(RequestContext, metrics=request_metrics)
     drain.busy.append(lambda: engine.ready and engine_busy(engine))
     drain.busy.append(lambda: whep.speaking(app))
     drain.finishers.append(lambda: whep.shutdown(app, notify=True))

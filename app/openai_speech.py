@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rtvoice.app.fields import Speed
 from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.state import engine_of
 from rtvoice.app.streaming import SpeechResponse, audio_body, sse_body
@@ -29,7 +30,7 @@ class SpeechRequest(BaseModel):
     input: str = Field(description="The text to speak.")
     voice: str = Field(description="A voice id from /v1/audio/voices, or an OpenAI voice name (alloy, echo, ...).")
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
-    speed: float = Field(1.0, ge=0.25, le=4.0)
+    speed: Speed = 1.0
     instructions: str | None = Field(None, description="Accepted; the embedded voice ignores it.")
     stream_format: Literal["audio", "sse"] = "audio"
     seed: int | None = Field(None, description="rtvoice extension: makes the voice's random draws reproducible.")
@@ -64,8 +65,6 @@ def _usage(text: str) -> Any:
 async def create_speech(request: Request) -> Response:
     """Speak ``input``; the audio streams as it is made (``stream_format=sse`` for JSON events)."""
     speech = await parse_json_body(request, SpeechRequest)
-    if isinstance(speech, Response):
-        return speech
     engine = engine_of(request)
     engine.check_text(speech.input, "input")
     voice = engine.resolve_voice(speech.voice)

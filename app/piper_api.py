@@ -75,8 +75,6 @@ def speed_for(voice: Voice, length_scale: float | None) -> float:
 async def synthesize(request: Request) -> Response:
     """Speak ``text`` as a streaming WAV (Piper's HTTP API)."""
     piper = await parse_json_body(request, SynthesizeRequest)
-    if isinstance(piper, Response):
-        return piper
     engine = engine_of(request)
     text = piper.text.strip()
     engine.check_text(text, "text")

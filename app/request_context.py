@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, urlencode
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rtvoice.engine.metrics import Metrics
+from rtvoice.app.metrics import RequestMetrics
 from rtvoice.engine.stream import SpeechStream
 
 access_log = logging.getLogger("rtvoice.access")
@@ -102,7 +102,7 @@ class RequestIdFilter(logging.Filter):
 class RequestContext:
     """Outermost middleware: the request's id and record, its access line, its count by route and status."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: RequestMetrics) -> None:
         self.app = app
         self.metrics = metrics
 
@@ -136,7 +136,7 @@ class RequestContext:
             route = getattr(scope.get("route"), "path", None)
             if not websocket or status != 101:  # accepted WebSockets count themselves once their engine is ready
                 label = route or ("static" if status < 400 else "other")
-                self.metrics.requests.labels(label, str(status)).inc()
+                self.metrics.count(label, str(status))
             if scope["path"] not in PROBE_PATHS:
                 self._log(scope, record, status, route)
 

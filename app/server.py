@@ -29,7 +29,7 @@ from fastapi import FastAPI
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from rtvoice.app.drain import Drain
-from rtvoice.engine.settings import Settings
+from rtvoice.app.settings import Settings
 
 log = logging.getLogger(__name__)
 

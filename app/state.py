@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import Request
 from starlette.requests import HTTPConnection
 
+from rtvoice.app.errors import HttpError
 from rtvoice.engine.engine import Engine
-from rtvoice.engine.errors import EngineError
 
 
-class NotReady(EngineError):
+class NotReady(HttpError):
     status = 503
     type = "server_error"
 

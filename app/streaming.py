@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi.responses import StreamingResponse
 from starlette.types import Send
 
-from rtvoice.app.errors import error_body
+from rtvoice.app.errors import engine_error_body
 from rtvoice.app.request_context import track_stream
 from rtvoice.app.words import word_fields
 from rtvoice.engine.audio.encoding import Encoder, WavEncoder
@@ -80,7 +80,7 @@ async def sse_body(
                 yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(item).decode()})
         yield sse_event({"type": "speech.audio.done", "usage": usage(stream)})
     except EngineError as error:
-        yield sse_event({"type": "error", **error_body(error.message, error.type, error.code, error.param)})
+        yield sse_event({"type": "error", **engine_error_body(error)})
         raise
     finally:
         stream.cancel()

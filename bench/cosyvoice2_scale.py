@@ -453,12 +453,12 @@ def bench_estimator(service: Any, sizes: list[int], frames: int, repeats: int, o
 
 async def run_level(service: Any, voice: Any, n: int, batched: bool, runner_threads: int) -> dict[str, Any]:
     from rtvoice.engine.engine import Engine
-    from rtvoice.engine.settings import Settings
+    from rtvoice.engine.settings import EngineSettings
     from rtvoice.engine.voices import VoiceRegistry
 
     registry = VoiceRegistry([voice])
     registry.cosyvoice = service
-    settings = Settings(warmup=False, runner_threads=runner_threads, max_batch_size=64 if batched else 1,
+    settings = EngineSettings(warmup=False, runner_threads=runner_threads, max_batch_size=64 if batched else 1,
                         max_active_streams=max(n, 1) if batched else 1, max_queued_streams=max(n, 1) + 8,
                         max_buffered_audio_s=3600.0)
     engine = Engine(settings, voices=registry)

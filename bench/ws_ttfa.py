@@ -42,7 +42,7 @@ import websockets
 
 from bench.servers import start_rtvoice
 from bench.ttfa import TEXTS
-from rtvoice.engine.settings import Settings
+from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.text import Segmenter
 
 
@@ -82,7 +82,7 @@ def sentence_messages(text: str) -> list[str]:
 
 def completing_message(messages: list[str]) -> int:
     """Index of the message after which the server's segmenter has its first segment."""
-    settings = Settings()
+    settings = EngineSettings()
     segmenter = Segmenter(settings.first_segment_max_chars, settings.segment_max_chars)
     for index, message in enumerate(messages):
         if segmenter.push(message):

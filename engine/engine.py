@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rtvoice.engine.audio.resample import SUPPORTED_SAMPLE_RATES
@@ -19,7 +20,7 @@ from rtvoice.engine.metrics import Metrics
 from rtvoice.engine.models.base import SynthesisOptions, Voice, VoiceInfo
 from rtvoice.engine.runner import ModelRunner
 from rtvoice.engine.scheduler import Limits, Scheduler
-from rtvoice.engine.settings import Settings
+from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import SpeechStream
 from rtvoice.engine.text import Segmenter, is_speakable
 from rtvoice.engine.voices import VoiceRegistry
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, settings: Settings, voices: VoiceRegistry | None = None) -> None:
+    def __init__(self, settings: EngineSettings, voices: VoiceRegistry | None = None) -> None:
         self.settings = settings
         self.metrics = Metrics()
         self._voices = voices
@@ -119,6 +120,15 @@ class Engine:
                 code="unsupported_sample_rate", param=param,
             )
 
+    def check_options(self, validate: Callable[[SynthesisOptions], None], options: SynthesisOptions,
+                      param: str = "speed") -> None:
+        """Raise InvalidRequest, naming ``param``, for options a voice cannot honour (``validate``: a voice's
+        ``validate``, or a model's rule checked before its voice exists)."""
+        try:
+            validate(options)
+        except ValueError as error:
+            raise InvalidRequest(str(error), code="invalid_value", param=param) from error
+
     def open_stream(
         self,
         voice: Voice,
@@ -133,10 +143,8 @@ class Engine:
         Raises InvalidRequest for options the voice cannot honour and Overloaded past the limits.
         """
         self.check_sample_rate(sample_rate)
-        try:
-            session = voice.open_session(options)
-        except ValueError as error:
-            raise InvalidRequest(str(error), param="speed") from error
+        self.check_options(voice.validate, options)
+        session = voice.open_session(options)
         segmenter = Segmenter(self.settings.first_segment_max_chars, self.settings.segment_max_chars,
                               voice.info.language)
         stream = SpeechStream(

@@ -1,4 +1,5 @@
-"""Errors the engine raises for bad requests and overload; transports map them to their protocol."""
+"""Errors the engine raises for bad requests and overload, typed by what went wrong; transports map them to their
+protocol (HTTP statuses and OpenAI's error types in app/errors.py, gRPC codes in app/cosyvoice_grpc/status.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,6 @@ from __future__ import annotations
 class EngineError(Exception):
     """A request the engine will not serve; ``code`` and ``param`` name the problem."""
 
-    status = 400
-    type = "invalid_request_error"
     retry_after_s: int | None = None
     """Seconds after which the same request may succeed (overload); None when retrying will not help."""
 
@@ -30,8 +29,7 @@ class UnknownVoice(EngineError):
 
 
 class Overloaded(EngineError):
-    status = 503
-    type = "server_overloaded"
+    """The machine is at capacity: the same request may succeed after ``retry_after_s``."""
 
     def __init__(self, retry_after_s: int = 1, message: str = "the server is at capacity; retry shortly",
                  code: str = "overloaded") -> None:
@@ -40,14 +38,9 @@ class Overloaded(EngineError):
 
 
 class ModelNotLoaded(EngineError):
-    """A route needs a model this server did not load (e.g. CosyVoice2 without RTVOICE_COSYVOICE_DIR).
-
-    404, like OpenAI's unknown model: the condition lasts as long as the server's settings, so a client must not
-    retry (a 503 would tell it to)."""
-
-    status = 404
+    """A request needs a model this server did not load (e.g. CosyVoice2 without RTVOICE_COSYVOICE_DIR): the
+    condition lasts as long as the server's settings, so retrying will not help."""
 
 
 class StreamFailed(EngineError):
-    status = 500
-    type = "server_error"
+    """A model call failed while the stream was being synthesised (the server's fault, not the request's)."""

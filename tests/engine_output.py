@@ -8,7 +8,7 @@ import numpy as np
 
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
-from rtvoice.engine.settings import Settings
+from rtvoice.engine.settings import EngineSettings
 
 _engine: Engine | None = None
 
@@ -18,7 +18,7 @@ def synthesize(text: str, seed: int, sample_rate: int | None = None, voice: str 
     """int16 samples of ``text`` as the default engine streams them."""
 
     async def run() -> np.ndarray:
-        engine = Engine(Settings(warmup=False))
+        engine = Engine(EngineSettings(warmup=False))
         await engine.start()
         try:
             stream = engine.open_stream(engine.resolve_voice(voice), SynthesisOptions(speed=speed, seed=seed),

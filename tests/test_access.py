@@ -13,7 +13,7 @@ import pytest
 import websockets
 
 from rtvoice.app.access import KeyRing, RequestRate, parse_api_keys, warn_if_open
-from rtvoice.engine.settings import Settings
+from rtvoice.app.settings import Settings
 from tests.conftest import Server
 from tests.polling import wait_for
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from rtvoice.app import cli
-from rtvoice.engine.settings import Settings
+from rtvoice.app.settings import Settings
 from tests.audio import decode, parse_wav, rms, same_speech
 from tests.engine_output import synthesize
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rtvoice.engine.settings import Settings
+from rtvoice.app.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_EXAMPLE = REPO / ".env.example"

@@ -31,7 +31,7 @@ from rtvoice.engine.errors import StreamFailed
 from rtvoice.engine.faults import FaultyVoice, parse_faults
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.models.piper.voice import PiperVoice
-from rtvoice.engine.settings import Settings
+from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import SpeechStream
 from rtvoice.engine.voices import VoiceRegistry
 from tests.audio import parse_wav, same_speech, snr_db
@@ -129,7 +129,7 @@ def test_the_hook_parses_and_is_off_by_default() -> None:
     for bad in ("decode", "decode::hang", ":X"):
         with pytest.raises(ValueError):
             parse_faults(bad)
-    assert Settings(_env_file=None).fault_injection == ""
+    assert EngineSettings(_env_file=None).fault_injection == ""
 
 
 def test_http_body_that_fails_midway_is_cut_off_and_the_neighbour_is_whole(faulty: Server, fault: FaultTexts) -> None:
@@ -254,7 +254,7 @@ def test_an_abandoned_call_frees_its_slot_at_once_and_its_late_result_is_dropped
         return np.concatenate([pcm async for pcm in stream.audio()])
 
     async def main() -> None:
-        engine = Engine(Settings(_env_file=None, max_batch_size=1, runner_threads=SLOTS,
+        engine = Engine(EngineSettings(_env_file=None, max_batch_size=1, runner_threads=SLOTS,
                                  model_call_deadline_factor=8), voices=VoiceRegistry([voice]))
         await engine.start()
         try:

@@ -23,7 +23,7 @@ from rtvoice.engine.models.base import Step, SynthesisOptions
 from rtvoice.engine.models.piper.plan import DecodeChunk
 from rtvoice.engine.metrics import Metrics
 from rtvoice.engine.scheduler import Limits, Scheduler
-from rtvoice.engine.settings import Settings
+from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import SpeechStream
 from tests.audio import same_speech, snr_db
 from tests.conftest import Server
@@ -283,7 +283,7 @@ def test_batching_changes_nothing() -> None:
     async def run(together: bool) -> tuple[list[np.ndarray], int]:
         # No warm-up, so nothing is measured yet and all eight are admitted at once: their encoder passes are
         # ready together and share calls.
-        engine = Engine(Settings(warmup=False))
+        engine = Engine(EngineSettings(warmup=False))
         await engine.start()
         try:
             voice = engine.resolve_voice(None)

@@ -15,7 +15,7 @@ import websockets
 
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
-from rtvoice.engine.settings import Settings
+from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import AudioChunk, SegmentDone
 from tests.audio import same_speech
 from tests.conftest import Server
@@ -45,7 +45,7 @@ def engine_pcm(jobs: list[Job]) -> list[np.ndarray]:
     """int16 samples the engine streams for each job (one engine for all of them)."""
 
     async def run() -> list[np.ndarray]:
-        engine = Engine(Settings(warmup=False))
+        engine = Engine(EngineSettings(warmup=False))
         await engine.start()
         try:
             results = []

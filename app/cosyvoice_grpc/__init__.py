@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rtvoice.app.access import Access
     from rtvoice.app.drain import Drain
+    from rtvoice.app.metrics import RequestMetrics
     from rtvoice.engine.engine import Engine
 
 INSTALL_HINT = "pip install -e '.[grpc]'"
@@ -42,11 +43,12 @@ def require_grpc() -> None:
                            f"{INSTALL_HINT}")
 
 
-async def serve(engine: Engine, host: str, port: int, access: Access | None = None, drain: Drain | None = None) -> Any:
+async def serve(engine: Engine, host: str, port: int, requests: RequestMetrics, access: Access | None = None,
+                drain: Drain | None = None) -> Any:
     """Start the service in the running event loop and return the ``grpc.aio`` server (the caller stops it);
     RuntimeError with what to install when grpcio is missing, or when the port cannot be bound. With ``access``
     and ``drain`` its calls take the same keys, quotas, request ids, access lines and drain as HTTP."""
     require_grpc()
     from rtvoice.app.cosyvoice_grpc.server import start
 
-    return await start(engine, host, port, access, drain)
+    return await start(engine, host, port, requests, access, drain)

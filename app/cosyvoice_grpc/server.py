@@ -30,6 +30,7 @@ from rtvoice.app.cosyvoice_grpc import cosyvoice_pb2, cosyvoice_pb2_grpc
 from rtvoice.app.cosyvoice_grpc.guard import Guard
 from rtvoice.app.cosyvoice_grpc.status import status_of
 from rtvoice.app.drain import Drain
+from rtvoice.app.metrics import RequestMetrics
 from rtvoice.app.request_context import track_stream
 from rtvoice.app.state import NotReady
 from rtvoice.engine.audio.encoding import wav_header
@@ -53,8 +54,9 @@ def prompt_wav(pcm: bytes, param: str = "prompt_audio") -> bytes:
 
 
 class CosyVoiceService(cosyvoice_pb2_grpc.CosyVoiceServicer):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, requests: RequestMetrics) -> None:
         self.engine = engine
+        self.requests = requests
 
     async def Inference(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # noqa: N802
         engine = self.engine
@@ -72,11 +74,11 @@ class CosyVoiceService(cosyvoice_pb2_grpc.CosyVoiceServicer):
             await self._abort(context, error)
         finally:
             stream.cancel()  # the client cancelled or left: free the stream's slot now
-        engine.metrics.requests.labels(METHOD, grpc.StatusCode.OK.name).inc()
+        self.requests.count(METHOD, grpc.StatusCode.OK.name)
 
     async def _abort(self, context: grpc.aio.ServicerContext, error: EngineError) -> None:
         status = status_of(error)
-        self.engine.metrics.requests.labels(METHOD, status.name).inc()
+        self.requests.count(METHOD, status.name)
         metadata: tuple[tuple[str, str], ...] = (("rtvoice-error-code", error.code),)
         if error.retry_after_s is not None:
             metadata += (("retry-after", str(error.retry_after_s)),)
@@ -124,12 +126,12 @@ class CosyVoiceService(cosyvoice_pb2_grpc.CosyVoiceServicer):
                              "cross_lingual_request, instruct_request", code="missing_payload", param="RequestPayload")
 
 
-async def start(engine: Engine, host: str, port: int, access: Access | None = None,
+async def start(engine: Engine, host: str, port: int, requests: RequestMetrics, access: Access | None = None,
                 drain: Drain | None = None) -> grpc.aio.Server:
     """Start the service on ``host:port`` in the running event loop; the caller stops it."""
     interceptors = [Guard(access, drain)] if access is not None and drain is not None else []
     server = grpc.aio.server(interceptors=interceptors)
-    cosyvoice_pb2_grpc.add_CosyVoiceServicer_to_server(CosyVoiceService(engine), server)
+    cosyvoice_pb2_grpc.add_CosyVoiceServicer_to_server(CosyVoiceService(engine, requests), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         server.add_insecure_port(address)

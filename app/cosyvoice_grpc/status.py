@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import grpc
 
+from rtvoice.app.errors import http_status
 from rtvoice.engine.errors import EngineError, ModelNotLoaded, Overloaded, UnknownVoice
 
 
 def status_of(error: EngineError) -> grpc.StatusCode:
-    if isinstance(error, Overloaded) or error.status == 429:  # capacity, or a key's quota
+    status = http_status(error).status
+    if isinstance(error, Overloaded) or status == 429:  # capacity, or a key's quota
         return grpc.StatusCode.RESOURCE_EXHAUSTED
-    if error.status == 401:
+    if status == 401:
         return grpc.StatusCode.UNAUTHENTICATED
     if isinstance(error, ModelNotLoaded):
         return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(error, UnknownVoice):
         return grpc.StatusCode.NOT_FOUND
-    if error.status == 503:
+    if status == 503:
         return grpc.StatusCode.UNAVAILABLE
-    if error.status >= 500:
+    if status >= 500:
         return grpc.StatusCode.INTERNAL
     return grpc.StatusCode.INVALID_ARGUMENT

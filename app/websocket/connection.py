@@ -84,10 +84,7 @@ class Connection:
         self.engine.check_sample_rate(start.sample_rate)
         voice = self.engine.resolve_voice(start.voice)
         options = SynthesisOptions(speed=start.speed, seed=start.seed)
-        try:
-            voice.validate(options)
-        except ValueError as error:
-            raise InvalidRequest(str(error), code="invalid_value", param="speed") from error
+        self.engine.check_options(voice.validate, options)
         self.config = SessionConfig(voice, start.sample_rate or voice.info.sample_rate, options)
         await self.sender.send_event(StartedEvent(voice=voice.info.id, sample_rate=self.config.sample_rate,
                                                   speed=start.speed, seed=start.seed))

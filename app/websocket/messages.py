@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from rtvoice.app.errors import error_fields, invalid_value
+from rtvoice.app.fields import Speed
 from rtvoice.app.words import delivered, word_fields
 from rtvoice.engine.errors import EngineError, InvalidRequest
 from rtvoice.engine.words import WordTiming
@@ -53,7 +54,7 @@ class StartMessage(ClientMessage):
     voice: str | None = Field(None, description="A voice id from /voices (or an alias); the default when omitted.")
     sample_rate: int | None = Field(None, description="Output rate; the voice's own rate when omitted.")
     encoding: str = Field("pcm_s16le", description="Binary frames' format: int16 little-endian mono PCM.")
-    speed: float = Field(1.0, ge=0.25, le=4.0)
+    speed: Speed = 1.0
     seed: int | None = Field(None, description="Makes each utterance's random draws reproducible.")
 
     @classmethod

@@ -23,7 +23,7 @@ from prometheus_client import Gauge
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import Overloaded
 from rtvoice.engine.models.base import Voice
-from rtvoice.engine.settings import Settings
+from rtvoice.app.settings import Settings
 
 from rtvoice.app.whep.ice import IceServer, link_headers, parse_ice_servers, rtc_configuration
 from rtvoice.app.whep.metrics import WhepMetrics

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rtvoice.app.errors import invalid_value
+from rtvoice.app.fields import Speed
 from rtvoice.engine.errors import InvalidRequest
 
 
@@ -31,7 +32,7 @@ class SpeakRequest(BaseModel):
     voice: str | None = Field(None, description="A voice id; the session's voice when omitted.")
     request_id: str | None = Field(None, min_length=1, max_length=128,
                                    description="The client's id for this utterance; the server makes one when omitted.")
-    speed: float = Field(1.0, ge=0.25, le=4.0)
+    speed: Speed = 1.0
 
     voice_param: str = Field("voice", exclude=True)
     """Which field named the voice (``speaker_id`` or ``voice``), for error messages."""

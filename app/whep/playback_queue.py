@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rtvoice.app.errors import error_fields
+from rtvoice.app.errors import HttpError, error_fields
 from rtvoice.app.words import delivered, word_fields
 from rtvoice.engine.audio.framing import FrameBuffer
 from rtvoice.engine.engine import Engine
@@ -40,7 +40,7 @@ MAX_QUEUED_AUDIO_S = 2.0
 _ids = itertools.count(1)
 
 
-class QueueFull(EngineError):
+class QueueFull(HttpError):
     status = 429
     type = "rate_limit_error"
 

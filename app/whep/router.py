@@ -9,19 +9,20 @@ Errors carry the project's JSON error body.
 
 from __future__ import annotations
 
-import json
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from rtvoice.app.access import grant_of
-from rtvoice.app.errors import engine_error_response, error_response
+from rtvoice.app.errors import HttpError
+from rtvoice.app.fields import MAX_SPEED, MIN_SPEED
+from rtvoice.app.json_body import read_json
 from rtvoice.app.state import engine_of
 from rtvoice.app.whep.endpoint import WhepEndpoint
 from rtvoice.app.whep.messages import parse_speak
 from rtvoice.app.whep.resource import IceRestartUnsupported, WhepResource
 from rtvoice.app.whep.sdp import SdpError, parse_fragment, parse_offer
-from rtvoice.engine.errors import EngineError
 
 router = APIRouter(tags=["WHEP"])
 
@@ -36,16 +37,23 @@ def endpoint_of(request: Request) -> WhepEndpoint:
     return endpoint
 
 
-def _media_type(request: Request) -> str:
-    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+def _require_media_type(request: Request, media_type: str, what: str, accept_header: str) -> None:
+    """415, with the header that names the accepted type, unless the body is ``media_type``."""
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != media_type:
+        raise HttpError(f"{what} must be sent as {media_type}", code="unsupported_media_type", status=415,
+                        headers={accept_header: media_type})
 
 
-def _session(request: Request, session_id: str) -> WhepResource | Response:
+def session_of(request: Request, session_id: str) -> WhepResource:
+    """The session named in the path (a dependency); 404 when it ended or never existed."""
     resource = endpoint_of(request).get(session_id)
     if resource is None:
-        return error_response(404, f"no WHEP session {session_id!r} (it ended, or never existed)",
-                              code="session_not_found")
+        raise HttpError(f"no WHEP session {session_id!r} (it ended, or never existed)", code="session_not_found",
+                        status=404)
     return resource
+
+
+Session = Annotated[WhepResource, Depends(session_of)]
 
 
 def _location(request: Request, resource: WhepResource) -> str:
@@ -77,9 +85,7 @@ async def endpoint_get(request: Request) -> Response:
 )
 async def create_session(request: Request) -> Response:
     """Start playback: the player's SDP offer (recvonly audio, a DataChannel for text) in, the answer out."""
-    if _media_type(request) != SDP:
-        return error_response(415, f"the offer must be sent as {SDP}", code="unsupported_media_type",
-                              headers={"Accept-Post": SDP})
+    _require_media_type(request, SDP, "the offer", "Accept-Post")
     engine = engine_of(request)
     voice = engine.resolve_voice(request.query_params.get("voice") or None, "voice")
     endpoint = endpoint_of(request)
@@ -87,7 +93,7 @@ async def create_session(request: Request) -> Response:
         offer = parse_offer(await request.body())
         resource, answer = await endpoint.create(offer, voice)
     except SdpError as error:
-        return error_response(400, error.message, code=error.code, param="sdp")
+        raise HttpError(error.message, code=error.code, param="sdp") from error
     grant = grant_of(request)
     if grant is not None:  # the offer's stream lease becomes the session's: its key's quota counts it until it ends
         lease = grant.keep_lease()
@@ -111,10 +117,9 @@ async def session_options(session_id: str) -> Response:
 
 
 @router.get("/whep/{session_id}", status_code=204, response_class=Response)
-async def session_get(request: Request, session_id: str) -> Response:
+async def session_get(session: Session) -> Response:
     """WHEP resources have no representation: 204 while the session lives, 404 after."""
-    found = _session(request, session_id)
-    return found if isinstance(found, Response) else Response(status_code=204)
+    return Response(status_code=204)
 
 
 @router.patch(
@@ -123,32 +128,24 @@ async def session_get(request: Request, session_id: str) -> Response:
     response_class=Response,
     openapi_extra={"requestBody": {"required": True, "content": {SDP_FRAGMENT: {"schema": {"type": "string"}}}}},
 )
-async def patch_session(request: Request, session_id: str) -> Response:
+async def patch_session(request: Request, session: Session) -> Response:
     """Trickle ICE: add the player's candidates. New ICE credentials (an ICE restart) get 422."""
-    found = _session(request, session_id)
-    if isinstance(found, Response):
-        return found
-    if _media_type(request) != SDP_FRAGMENT:
-        return error_response(415, f"ICE updates must be sent as {SDP_FRAGMENT}", code="unsupported_media_type",
-                              headers={"Accept-Patch": SDP_FRAGMENT})
+    _require_media_type(request, SDP_FRAGMENT, "ICE updates", "Accept-Patch")
     try:
         fragment = parse_fragment(await request.body())
-        await found.add_candidates(fragment)
+        await session.add_candidates(fragment)
     except SdpError as error:
-        return error_response(400, error.message, code=error.code, param="sdpfrag")
-    except IceRestartUnsupported:
-        return error_response(422, "ICE restarts are not supported; the session keeps its ICE session "
-                                   "(DELETE it and POST a new offer to reconnect)", code="ice_restart_unsupported")
+        raise HttpError(error.message, code=error.code, param="sdpfrag") from error
+    except IceRestartUnsupported as error:
+        raise HttpError("ICE restarts are not supported; the session keeps its ICE session (DELETE it and POST a "
+                        "new offer to reconnect)", code="ice_restart_unsupported", status=422) from error
     return Response(status_code=204)
 
 
 @router.delete("/whep/{session_id}", status_code=200, response_class=Response)
-async def delete_session(request: Request, session_id: str) -> Response:
+async def delete_session(session: Session) -> Response:
     """End the session: peer connection closed, speech cancelled, everything freed before the answer."""
-    found = _session(request, session_id)
-    if isinstance(found, Response):
-        return found
-    await found.close("deleted")
+    await session.close("deleted")
     return Response(status_code=200)
 
 
@@ -161,32 +158,19 @@ async def delete_session(request: Request, session_id: str) -> Response:
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
         "type": "object", "required": ["text"], "properties": {
             "text": {"type": "string"}, "voice": {"type": "string"}, "request_id": {"type": "string"},
-            "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0}}}}}}},
+            "speed": {"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED}}}}}}},
 )
-async def speak(request: Request, session_id: str) -> Response:
+async def speak(request: Request, session: Session) -> Response:
     """Speak ``text`` on the session's audio track, after what it is already saying; 202 with the request id."""
-    found = _session(request, session_id)
-    if isinstance(found, Response):
-        return found
-    try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        return error_response(400, f"request body is not valid JSON: {error}", code="invalid_json")
-    try:
-        utterance = found.speak(parse_speak(body))
-    except EngineError as error:
-        return engine_error_response(error)
+    utterance = session.speak(parse_speak(await read_json(request)))
     return JSONResponse({"request_id": utterance.id, "voice": utterance.voice.info.id,
-                         "queue_position": found.playback.queue_position(utterance)}, status_code=202)
+                         "queue_position": session.playback.queue_position(utterance)}, status_code=202)
 
 
 @router.delete("/whep/{session_id}/speak", status_code=200)
-async def cancel_speech(request: Request, session_id: str) -> Response:
+async def cancel_speech(session: Session) -> Response:
     """Barge-in: stop what the session is saying and drop what it has queued."""
-    found = _session(request, session_id)
-    if isinstance(found, Response):
-        return found
-    cancelled = found.cancel()
+    cancelled = session.cancel()
     return JSONResponse({"cancelled": [u.id for u in cancelled]})
 
 

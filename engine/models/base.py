@@ -30,6 +30,12 @@ class VoiceInfo:
     description: str = ""
 
 
+MIN_SPEED = 0.25
+MAX_SPEED = 4.0
+"""The speaking rates (``SynthesisOptions.speed``; 2.0 is twice as fast) every transport accepts; a voice may
+honour fewer (``Voice.validate``)."""
+
+
 @dataclass(frozen=True)
 class SynthesisOptions:
     """Per-request knobs a voice may honour."""

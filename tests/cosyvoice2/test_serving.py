@@ -59,14 +59,14 @@ def engine_pcm(service: Any, voice: Any, text: str, seed: int, rate: int | None 
                instructions: str | None = None) -> np.ndarray:
     """int16 samples as the engine streams them (same scheduler, resampler, int16 conversion as the server)."""
     from rtvoice.engine.engine import Engine
-    from rtvoice.engine.settings import Settings
+    from rtvoice.engine.settings import EngineSettings
     from rtvoice.engine.voices import VoiceRegistry
 
     registry = VoiceRegistry([voice])
     registry.cosyvoice = service
 
     async def run() -> np.ndarray:
-        engine = Engine(Settings(warmup=False), voices=registry)
+        engine = Engine(EngineSettings(warmup=False), voices=registry)
         await engine.start()
         try:
             stream = engine.open_stream(voice, SynthesisOptions(seed=seed, instructions=instructions), rate, text=text)

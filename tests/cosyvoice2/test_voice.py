@@ -179,14 +179,14 @@ def test_concurrent_streams_through_the_engine(serving_service: Any) -> None:
     """Through the real scheduler (two runner threads calling the shared model at once): two streams at the
     same time equal each stream alone."""
     from rtvoice.engine.engine import Engine
-    from rtvoice.engine.settings import Settings
+    from rtvoice.engine.settings import EngineSettings
     from rtvoice.engine.voices import VoiceRegistry
 
     registry = VoiceRegistry(serving_service.voices())
     registry.cosyvoice = serving_service
 
     async def run() -> tuple[list[np.ndarray], list[np.ndarray], list[Any]]:
-        engine = Engine(Settings(warmup=False, runner_threads=2), voices=registry)
+        engine = Engine(EngineSettings(warmup=False, runner_threads=2), voices=registry)
         await engine.start()
         try:
             voice = engine.resolve_voice("cosyvoice2-sft")
@@ -212,7 +212,31 @@ def test_concurrent_streams_through_the_engine(serving_service: Any) -> None:
     assert all(len(d.stream_ids) == 1 for d in decisions if d.kind == "token2wav")
 
 
-def test_warmup_runs_on_the_fixture(serving_service: Any) -> None:
-    serving_service.runner._warm = False
+def test_warmup_runs_on_the_fixture(serving_service: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Warm-up runs the LM's steps and token-to-wave chunks once per model, and makes audio; a second warm-up
+    runs nothing."""
+    runner = serving_service.runner
+    calls: dict[str, int] = {"lm": 0, "token2wav": 0}
+    chunks: list[Any] = []
+    llm, token2wav = runner.model.llm, runner.model.token2wav
+    forward_step, step_many = llm.forward_step, token2wav.step_many
+
+    def counted_forward_step(streams: Any) -> Any:
+        calls["lm"] += 1
+        return forward_step(streams)
+
+    def counted_step_many(streams: Any) -> Any:
+        calls["token2wav"] += 1
+        made = step_many(streams)
+        chunks.extend(made)
+        return made
+
+    monkeypatch.setattr(llm, "forward_step", counted_forward_step)
+    monkeypatch.setattr(token2wav, "step_many", counted_step_many)
+    monkeypatch.setattr(runner, "_warm", False)
     serving_service.warmup()
-    assert serving_service.runner._warm
+    assert calls["lm"] >= 1 and calls["token2wav"] >= 2  # a streaming chunk and the final one
+    assert sum(chunk.numel() for chunk in chunks) > 0
+    before = dict(calls)
+    serving_service.warmup()
+    assert calls == before

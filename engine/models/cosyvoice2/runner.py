@@ -20,10 +20,10 @@ from .loader import QWEN_DIR
 from .model import CosyVoice2Model
 from rtvoice.engine.models.base import StepPayload
 
+from .info import MODEL_NAME
 from .steps import MAX_TOKEN_TEXT_RATIO, MIN_TOKEN_TEXT_RATIO, LMResult, NextTokenJob, PrefillJob, Token2WavJob
 from .token2wav import FlowPrompt
 
-MODEL_NAME = "cosyvoice2"
 GPU_TOKEN2WAV_BATCH = 8
 """Token-to-wave chunks per call on a GPU unless set (``RTVOICE_COSYVOICE_TOKEN2WAV_BATCH``); 1 on a CPU."""
 

@@ -19,7 +19,8 @@ from rtvoice.engine.models.base import VoiceInfo
 from .files import CosyVoiceDirError, check_model_dir
 from .frontend import Frontend, PromptAudio, PromptFeatures, load_prompt_audio
 from .model import CosyVoice2Model
-from .runner import MODEL_NAME, CosyVoice2Runner
+from .info import MODEL_NAME, SPEAKER_PREFIX
+from .runner import CosyVoice2Runner
 from .voice import CosyVoice2Voice, Mode
 from .voice_store import SavedVoice, VoiceStore
 
@@ -74,7 +75,7 @@ class CosyVoice2Service:
         for name, entry in sorted(model.spk2info.items()):
             try:
                 features = spk2info_features(entry, self.mel_bins)
-                voice_id = f"{MODEL_NAME}-{name}"
+                voice_id = f"{SPEAKER_PREFIX}{name}"
                 self.speakers[voice_id] = self.make_voice(voice_id, features, name=name, source="spk2info",
                                                           description=f"CosyVoice2 speaker '{name}' (spk2info.pt)")
             except (ValueError, KeyError, RuntimeError) as error:

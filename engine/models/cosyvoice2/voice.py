@@ -41,6 +41,7 @@ import torch
 
 from rtvoice.engine.models.base import Step, StepPayload, SynthesisOptions, Voice, VoiceInfo, VoiceSession
 
+from . import info as model_info
 from .frontend import END_OF_PROMPT, PromptFeatures, ids_tensor, normalize_segment
 from .llm import LMStream
 from .runner import CosyVoice2Runner
@@ -123,10 +124,7 @@ class CosyVoice2Voice(Voice):
         return CosyVoice2Session(self, options, lm_prompt)
 
     def validate(self, options: SynthesisOptions) -> None:
-        if options.speed != 1.0:
-            # The reference changes speed by stretching the mel of a whole utterance, which its
-            # streaming mode refuses too; every CosyVoice2 stream here is streamed.
-            raise ValueError("CosyVoice2 voices speak at speed 1.0 only")
+        model_info.validate(options)
 
     # LM steps of many streams share one batched backbone pass (``Qwen2LM.forward_step``); token-to-wave
     # chunks of several streams share one padded flow call (and HiFT calls per window length) up to the

@@ -26,6 +26,8 @@ from piper.voice import PiperVoice as PiperPhonemizer
 
 from rtvoice.engine.audio.pcm import hamming_crossfade
 from rtvoice.engine.models.base import (
+    MAX_SPEED,
+    MIN_SPEED,
     CostEstimate,
     SegmentTimings,
     SpokenTiming,
@@ -198,8 +200,8 @@ class PiperVoice(Voice):
         return self.BATCH_LIMITS.get(kind, 1)
 
     def validate(self, options: SynthesisOptions) -> None:
-        if not 0.25 <= options.speed <= 4.0:
-            raise ValueError("speed must be between 0.25 and 4.0")
+        if not MIN_SPEED <= options.speed <= MAX_SPEED:
+            raise ValueError(f"speed must be between {MIN_SPEED} and {MAX_SPEED}")
 
     def phoneme_ids(self, text: str) -> list[int]:
         """One id sequence for the whole segment, even where the phonemiser sees several sentences."""
