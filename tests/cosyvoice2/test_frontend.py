@@ -45,8 +45,10 @@ def test_byte_fallback_maps_bytes_and_special_tokens() -> None:
         ByteFallbackTokenizer(200)
 
 
-def test_fixture_without_tokenizer_files_falls_back(model_dir: Path) -> None:
-    assert load_tokenizer(model_dir / "CosyVoice-BlankEN", 1024).kind == "byte-fallback"
+def test_fixture_without_tokenizer_files_falls_back(model_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger=frontend.log.name):
+        assert load_tokenizer(model_dir / "CosyVoice-BlankEN", 1024).kind == "byte-fallback"
+    assert "FALLBACK tokenizer meant for test fixtures" in caplog.text  # never silently
 
 
 def test_tokenizer_files_load_the_qwen_tokenizer(tmp_path: Path) -> None:
@@ -206,11 +208,11 @@ def test_prompt_audio_mixes_channels_down() -> None:
 @pytest.mark.parametrize("data,code", [
     (b"", "invalid_audio"),
     (b"RIFF....WAVEfmt nonsense", "invalid_audio"),
-    (tone_wav(0.3), "audio_too_short"),
-    (tone_wav(31.0, 16000), "audio_too_long"),
+    (tone_wav(frontend.MIN_PROMPT_SECONDS - 0.2), "audio_too_short"),
+    (tone_wav(frontend.MAX_PROMPT_SECONDS + 1, frontend.MIN_PROMPT_RATE), "audio_too_long"),
     (tone_wav(2.0, amplitude=0.0), "audio_silent"),
     (tone_wav(2.0, amplitude=0.0005), "audio_silent"),
-    (tone_wav(2.0, 8000), "sample_rate_too_low"),
+    (tone_wav(2.0, frontend.MIN_PROMPT_RATE // 2), "sample_rate_too_low"),
 ])
 def test_bad_prompt_audio(data: bytes, code: str) -> None:
     with pytest.raises(InvalidRequest) as raised:
@@ -258,6 +260,9 @@ def test_voice_ids(voice_id: str, ok: bool) -> None:
     assert valid_voice_id(voice_id) is ok
 
 
-def test_frontend_module_documents_the_fallback() -> None:
-    assert "TEST FIXTURES ONLY" in (ByteFallbackTokenizer.__doc__ or "")
-    assert frontend.MAX_PROMPT_SECONDS == 30.0
+def test_prompts_within_the_limits_are_taken() -> None:
+    """The shortest and longest prompts allowed, at the lowest rate allowed, decode (the limits refuse only
+    what lies past them)."""
+    for seconds in (frontend.MIN_PROMPT_SECONDS + 0.1, frontend.MAX_PROMPT_SECONDS - 0.5):
+        prompt = load_prompt_audio(tone_wav(seconds, frontend.MIN_PROMPT_RATE), 24000)
+        assert len(prompt.audio_16k) == pytest.approx(seconds * 16000, abs=16)
