@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from bench.servers import Server, start_piper_http, start_rtvoice
+from testkit.servers import Server, start_piper_http, start_rtvoice
 
 UTTERANCES = [
     "Thanks for calling. I can help you change your booking, check the status of an order, or answer a question "

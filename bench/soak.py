@@ -29,8 +29,8 @@ from typing import Any
 import httpx
 import websockets
 
-from bench.servers import start_rtvoice
-from tests.whep_client import WhepPlayer
+from testkit.servers import start_rtvoice
+from testkit.whep_client import WhepPlayer
 
 TEXTS = [
     "The soak test keeps the server busy for a long while.",

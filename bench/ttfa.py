@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from bench.servers import Server, start_piper_http, start_rtvoice
+from testkit.servers import Server, start_piper_http, start_rtvoice
 
 TEXTS = {
     "short (10 words)": "The quick brown fox jumps over the lazy dog by the river.",

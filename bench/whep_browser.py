@@ -45,9 +45,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.servers import Server, start_rtvoice
+from testkit.servers import Server, start_rtvoice
 from bench.whep_listeners import percentile
-from tests.browser import launch_chromium, serve_whep_player
+from testkit.browser import launch_chromium, serve_whep_player
 
 TEXT = "Hello! How can I help you today?"
 LOAD_TEXT = ("Thanks for calling. Your order left our warehouse this morning, and it should arrive on Thursday "

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from bench.servers import Server, start_rtvoice
-from tests.whep_client import WhepPlayer
+from testkit.servers import Server, start_rtvoice
+from testkit.whep_client import WhepPlayer
 
 PARAGRAPH = (
     "Thanks for calling. Your order left our warehouse this morning, and it should arrive on Thursday between nine "

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import websockets
 
-from bench.servers import start_rtvoice
+from testkit.servers import start_rtvoice
 from bench.ttfa import TEXTS
 from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.text import Segmenter

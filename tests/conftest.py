@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from bench.servers import Server, start_rtvoice
-from tests.browser import Missing, launch_chromium, skip_or_fail
+from testkit.servers import Server, start_rtvoice
+from testkit.browser import Missing, launch_chromium, skip_or_fail
 
 __all__ = ["Server"]
 

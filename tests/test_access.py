@@ -15,7 +15,7 @@ import websockets
 from rtvoice.app.access import KeyRing, RequestRate, parse_api_keys, warn_if_open
 from rtvoice.app.settings import Settings
 from tests.conftest import Server
-from tests.polling import wait_for
+from testkit.polling import wait_for
 
 ALICE = "sk-alice-0123456789"
 BOB = "sk-bob-9876543210"
@@ -25,7 +25,7 @@ SPEECH = {"model": "tts-1", "input": "Hello there.", "voice": "alloy", "response
 @pytest.fixture(scope="module")
 def keyed(start_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> tuple[Server, Path]:
     log_file = tmp_path_factory.mktemp("keyed") / "server.log"
-    from bench.servers import start_rtvoice
+    from testkit.servers import start_rtvoice
 
     server = start_rtvoice({"RTVOICE_API_KEYS": f"alice:{ALICE},{BOB}", "RTVOICE_KEY_MAX_STREAMS": "1",
                             "RTVOICE_LOG_LEVEL": "info"}, log_file=log_file)
@@ -232,7 +232,7 @@ def test_grpc_calls_take_the_same_keys_quotas_and_request_ids(start_server: Call
     """CosyVoice's gRPC service: the key in metadata (``authorization`` or ``x-api-key``), UNAUTHENTICATED
     without it, RESOURCE_EXHAUSTED past the key's quota shared with HTTP, and the request id back."""
     grpc = pytest.importorskip("grpc")
-    from bench.servers import free_port
+    from testkit.servers import free_port
 
     port = free_port()
     server = start_server(api_keys=f"dave:{ALICE}", key_max_streams="1", grpc_port=str(port))

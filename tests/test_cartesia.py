@@ -18,7 +18,7 @@ import websockets
 from tests.audio import decode, parse_wav, same_speech
 from tests.conftest import Server
 from tests.engine_output import synthesize
-from tests.polling import wait_for
+from testkit.polling import wait_for
 
 CARTESIA_VOICE = "a0e99841-438c-4a64-b679-ae501e7d6091"
 """A voice id of Cartesia's own: it names no rtvoice voice."""

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from rtvoice.app.cosyvoice_grpc import generate as generate_module
-from bench.servers import free_port
+from testkit.servers import free_port
 from tests.conftest import Server
 from tests.engine_output import synthesize
-from tests.polling import wait_for
+from testkit.polling import wait_for
 
 TEXT = "CosyVoice's client speaks through rtvoice."
 RATE = 22050

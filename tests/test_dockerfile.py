@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bench.servers import free_port
+from testkit.servers import free_port
 from tests.conftest import Server
 
 REPO = Path(__file__).resolve().parent.parent

@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import websockets
 
-from bench.servers import Server, start_rtvoice
+from testkit.servers import Server, start_rtvoice
 from tests.audio import parse_wav
-from tests.polling import wait_for
-from tests.whep_client import WhepPlayer
+from testkit.polling import wait_for
+from testkit.whep_client import WhepPlayer
 
 LONG_TEXT = " ".join(["The drain lets this sentence finish before the server goes away."] * 6)
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import websockets
 
-from bench.servers import REPO, start_rtvoice
+from testkit.servers import REPO, start_rtvoice
 from rtvoice.engine.core import CallDeadlines, EngineCore
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import StreamFailed
@@ -37,8 +37,8 @@ from rtvoice.engine.voices import VoiceRegistry
 from tests.audio import parse_wav, same_speech, snr_db
 from tests.conftest import Server
 from tests.fake_voice import FakeVoice, SimulatedRunner, Simulation
-from tests.polling import wait_for
-from tests.whep_client import refused_then_spoken
+from testkit.polling import wait_for
+from testkit.whep_client import refused_then_spoken
 
 CLEAN = "A clean stream runs beside the failing one and is spoken to its very end."
 SLOTS = 2
@@ -327,7 +327,7 @@ def test_deadlines_follow_the_measured_costs() -> None:
 
 
 def serve(env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    from bench.servers import free_port
+    from testkit.servers import free_port
 
     return subprocess.run([sys.executable, "-m", "rtvoice.app.cli", "serve"], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout,

@@ -24,7 +24,8 @@ from tests.audio import snr_db
 from tests.conftest import Server
 from tests.openapi_fuzz import fuzz_openapi
 from tests.test_whep import offer_sdp
-from tests.whep_client import WhepPlayer
+from testkit.polling import wait_for_async
+from testkit.whep_client import WhepPlayer
 
 FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 
@@ -115,16 +116,6 @@ class Victim:
                 self.utterances.append(np.frombuffer(pcm, dtype="<i2"))
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
-    """``tests.polling.wait_for`` for code on an event loop."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
-
-
 async def reference_pcm(url: str, text: str) -> np.ndarray:
     async with websockets.connect(url) as ws:
         await ws.send(json.dumps({"type": "start", "seed": 3}))
@@ -183,7 +174,7 @@ def test_websocket_fuzz_errors_for_the_sender_only(fuzzed: Server, loop: LoopThr
 
     try:
         fuzz()
-        assert loop.run(wait_until(lambda: len(victim.utterances) >= 2, 60))
+        assert loop.run(wait_for_async(lambda: len(victim.utterances) >= 2, 60))
     finally:
         loop.loop.call_soon_threadsafe(victim.stop.set)
         running.result(60)

@@ -11,7 +11,7 @@ import pytest
 from tests.audio import parse_wav, rms, same_speech
 from tests.conftest import Server
 from tests.engine_output import synthesize
-from tests.polling import wait_for
+from testkit.polling import wait_for
 
 TEXT = "Hello there. This sentence comes from rtvoice, streaming as it speaks."
 LONG_TEXT = " ".join([

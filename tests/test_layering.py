@@ -123,3 +123,34 @@ def test_the_engine_does_not_import_the_transports() -> None:
     wrong = sorted(f"{name} imports {target}" for name, targets in graph.items() if name.startswith("rtvoice.engine")
                    for target in targets if target.startswith("rtvoice.app"))
     assert not wrong, wrong
+
+
+# -- tests, benchmarks and what they share ------------------------------------------------------------------
+
+SHARED_BY_TESTS_AND_BENCH = "testkit"
+MUST_NOT_IMPORT = {"tests": {"bench"}, "bench": {"tests"}, SHARED_BY_TESTS_AND_BENCH: {"tests", "bench"}}
+"""``tests/`` and ``bench/`` never import each other; what both use lives in ``testkit/``, which imports neither."""
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The top-level packages a file imports absolutely (``from bench.servers import x`` -> ``bench``)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_import_reader_sees_top_level_packages(tmp_path: Path) -> None:
+    source = tmp_path / "example.py"
+    source.write_text("import os.path\nfrom bench.servers import x\nfrom . import y\n\ndef f():\n    import tests.a\n")
+    assert top_level_imports(source) == {"os", "bench", "tests"}
+
+
+def test_tests_and_bench_do_not_import_each_other() -> None:
+    wrong = sorted(f"{path.relative_to(REPO)} imports {package}"
+                   for folder, forbidden in MUST_NOT_IMPORT.items() for path in (REPO / folder).rglob("*.py")
+                   for package in top_level_imports(path) & forbidden)
+    assert not wrong, wrong

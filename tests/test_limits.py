@@ -17,9 +17,9 @@ import pytest
 import websockets
 
 from tests.conftest import Server
-from tests.polling import wait_for
+from testkit.polling import wait_for
 from tests.test_whep import offer_sdp
-from tests.whep_client import refused_then_spoken
+from testkit.whep_client import refused_then_spoken
 
 LIMITS = {
     "max_body_bytes": "4096", "max_upload_bytes": "65536", "max_form_parts": "4", "body_timeout_s": "1.5",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.servers import start_rtvoice
+from testkit.servers import start_rtvoice
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -28,7 +28,7 @@ from rtvoice.engine.stream import SpeechStream
 from tests.audio import same_speech, snr_db
 from tests.conftest import Server
 from tests.fake_voice import Costs, FakeDecode, FakeVoice, Simulation
-from tests.polling import wait_for
+from testkit.polling import wait_for
 
 LONG = " ".join(["The long story goes on and on, sentence after sentence, for a good while."] * 30)
 SHORT = "Short one."

@@ -19,7 +19,7 @@ from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import AudioChunk, SegmentDone
 from tests.audio import same_speech
 from tests.conftest import Server
-from tests.polling import wait_for
+from testkit.polling import wait_for
 
 SENTENCE = "This sentence comes from rtvoice, streaming as it speaks."
 LONG_TEXT = " ".join([

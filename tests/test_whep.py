@@ -14,14 +14,21 @@ import numpy as np
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
+from rtvoice.app.whep.mediastreams import FRAME_S, FRAME_SAMPLES
 from rtvoice.engine.audio.framing import FrameBuffer
 from tests.conftest import Server
-from tests.whep_client import SPEECH_RMS, RtpArrival, StunResponder, WhepPlayer
+from testkit.polling import wait_for, wait_for_async
+from testkit.whep_client import SPEECH_RMS, RtpArrival, StunResponder, WhepPlayer
 
 SDP = {"Content-Type": "application/sdp"}
 FRAG = {"Content-Type": "application/trickle-ice-sdpfrag"}
 TOKEN = "s3cret-token"
 SHORT = "Hello there, this is rtvoice speaking over WebRTC."
+SPEECH_ENERGY_RMS = 0.03
+"""RMS of a stretch of real speech at the player: far above silence (and above ``SPEECH_RMS``, one audible frame)."""
+NO_MEDIA_WINDOW_S = 0.4
+"""How long a connected player is watched for media it must not get before the first text (absence has no
+event to wait on)."""
 LONG = " ".join(["When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone",
                  "expected a short meeting, but the discussion about the new budget went on for hours."] * 4)
 
@@ -57,15 +64,6 @@ def assert_error(response: httpx.Response, status: int, code: str | None = None)
 
 def audio_section(sdp: str) -> str:
     return sdp.split("m=audio", 1)[1].split("\nm=", 1)[0]
-
-
-def wait_until(predicate: Any, timeout: float = 15.0, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())
 
 
 def debug(url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
@@ -172,11 +170,11 @@ def assert_talkspurts_marked(rtp: list[RtpArrival], utterances: int, underrun_fr
     after an underrun), and on no other."""
     assert rtp and rtp[0].marker == 1
     steps = [b.timestamp - a.timestamp & 0xFFFFFFFF for a, b in zip(rtp, rtp[1:])]
-    assert all(step >= 960 and step % 960 == 0 for step in steps), steps
+    assert all(step >= FRAME_SAMPLES and step % FRAME_SAMPLES == 0 for step in steps), steps
     assert [b.sequence_number - a.sequence_number & 0xFFFF for a, b in zip(rtp, rtp[1:])] == [1] * len(steps)
-    assert all(packet.marker for packet, step in zip(rtp[1:], steps) if step > 960)
-    onsets = sum(1 for packet, step in zip(rtp[1:], steps) if step == 960 and packet.marker)
-    skips = sum(1 for step in steps if step > 960)
+    assert all(packet.marker for packet, step in zip(rtp[1:], steps) if step > FRAME_SAMPLES)
+    onsets = sum(1 for packet, step in zip(rtp[1:], steps) if step == FRAME_SAMPLES and packet.marker)
+    skips = sum(1 for step in steps if step > FRAME_SAMPLES)
     # An onset may coincide with a skip; speech resuming after an underrun begins a talkspurt too.
     assert utterances - skips <= onsets <= utterances + underrun_frames, (onsets, skips, underrun_frames)
 
@@ -186,7 +184,7 @@ def test_datachannel_request_is_heard(server: Server) -> None:
         player = await WhepPlayer(server.url).start()
         try:
             underruns_before = server.metric("rtvoice_whep_underrun_seconds_total")
-            await asyncio.sleep(0.4)
+            await asyncio.sleep(NO_MEDIA_WINDOW_S)
             assert player.rtp == []  # connected, nothing said: media starts with the first text
             sent = player.send({"type": "tts_request", "text": SHORT, "speaker_id": "en_US-joe-medium",
                                 "request_id": "r1"})
@@ -194,7 +192,7 @@ def test_datachannel_request_is_heard(server: Server) -> None:
             accepted = await player.event("accepted", "r1")
             start = await player.event("audio_start", "r1")
             done = await player.event("done", "r1")
-            await asyncio.sleep(0.3)
+            await player.wait_for_media_until(first.at + done["audio_s"])  # the utterance's frames have arrived
             lead_in = player.frames_between(sent, first.at)[:1]
             during = player.frames_between(first.at, first.at + done["audio_s"])
             latency = first.at - sent
@@ -202,10 +200,10 @@ def test_datachannel_request_is_heard(server: Server) -> None:
                   f"(server ttfa_ms {start['ttfa_ms']})")
             assert accepted["voice"] == "en_US-joe-medium" and accepted["queue_position"] == 0
             assert lead_in and lead_in[0].rms < 1e-3  # media starts at once, with silence while speech is made
-            underrun_frames = round((server.metric("rtvoice_whep_underrun_seconds_total") - underruns_before) / 0.02)
+            underrun_frames = round((server.metric("rtvoice_whep_underrun_seconds_total") - underruns_before) / FRAME_S)
             assert_talkspurts_marked(player.rtp, utterances=1, underrun_frames=underrun_frames)
             rms = float(np.sqrt(np.mean([f.rms ** 2 for f in during])))
-            assert rms > 0.03  # real speech energy, far above silence
+            assert rms > SPEECH_ENERGY_RMS
             assert 2.0 < done["audio_s"] < 8.0
             assert 0 <= start["ttfa_ms"] < 5000 and latency < 5.0
             types = [e["type"] for e in player.events]
@@ -220,7 +218,7 @@ def test_datachannel_request_is_heard(server: Server) -> None:
             lags = [(at - started_at) - w["start_s"] for at, w in zip(arrivals, words)]
             assert all(-0.05 < lag < 0.3 for lag in lags), lags
             assert words[-1]["end_s"] <= done["audio_s"] + 0.02
-            assert {f.samples for f in player.frames} == {960}  # 20 ms Opus frames at 48 kHz
+            assert {f.samples for f in player.frames} == {FRAME_SAMPLES}  # 20 ms Opus frames at 48 kHz
         finally:
             await player.close()
 
@@ -239,7 +237,9 @@ def test_speak_route_for_players_without_a_datachannel(server: Server) -> None:
                 body = response.json()
                 assert body["request_id"] and body["voice"] == "en_US-joe-medium"
                 first = await player.wait_for_speech(sent)
-                assert first.at >= sent
+                await player.wait_for_media_until(first.at + 1.0)
+                heard = player.frames_between(first.at, first.at + 1.0)
+                assert float(np.sqrt(np.mean([f.rms ** 2 for f in heard]))) > SPEECH_ENERGY_RMS  # the text, spoken
                 assert_error(await http.post(f"{session}/speak", content=b"{nope"), 400, "invalid_json")
                 assert_error(await http.post(f"{session}/speak", json={"text": "  "}), 400, "empty_input")
                 assert_error(await http.post(f"{session}/speak", json={"voice": "x"}), 400, "invalid_value")
@@ -262,7 +262,7 @@ def test_cancel_stops_speech_within_a_chunk(server: Server) -> None:
             cancelled_before = server.metric("rtvoice_streams_total", {"outcome": "cancelled"})
             sent = player.send({"type": "tts_request", "text": LONG, "request_id": "long"})
             first = await player.wait_for_speech(sent)
-            await asyncio.sleep(1.0)
+            await player.wait_for_media_until(first.at + 1.0)  # a second of it played
             stop = player.send({"type": "cancel"})
             event = await player.event("cancelled", "long")
             assert 0.5 < event["audio_s"] < 10
@@ -273,15 +273,16 @@ def test_cancel_stops_speech_within_a_chunk(server: Server) -> None:
             after = heard[heard.index(event["last_word"]) + 1:]  # started playing, not finished
             assert all(w["end_s"] > event["audio_s"] for w in after), (after, event)
             assert all(w["start_s"] <= event["audio_s"] + 0.02 for w in heard)
-            await asyncio.sleep(1.0)
+            await player.wait_for_media_until(stop + 1.0)  # then a second of media after the cancel, to listen to
             speech_after = [f for f in player.frames if f.at > stop and f.rms > SPEECH_RMS]
             tail = (speech_after[-1].at - stop) if speech_after else 0.0
             print(f"\nWHEP barge-in: last audible frame {tail * 1000:.0f} ms after cancel left the player")
             assert tail < 0.6  # one 20 ms frame plus the player's jitter buffer, with room for a busy machine
-            assert first.at < stop
+            spoken = [f for f in player.frames_between(first.at, stop) if f.rms > SPEECH_RMS]
+            assert len(spoken) * FRAME_S > 0.25  # it was speaking when cancelled
             assert "done" not in [e["type"] for e in player.events]
-            assert wait_until(lambda: server.metric("rtvoice_streams_total", {"outcome": "cancelled"})
-                              >= cancelled_before + 1, 5)
+            assert await wait_for_async(lambda: server.metric("rtvoice_streams_total", {"outcome": "cancelled"})
+                                        >= cancelled_before + 1, 5)
             # The session goes on: the next request speaks.
             again = player.send({"type": "tts_request", "text": "And now something short.", "request_id": "next"})
             await player.wait_for_speech(again)
@@ -569,12 +570,18 @@ def test_idle_sessions_are_closed_and_connected_ones_kept(configured: Server) ->
             assert response.status_code == 201
             session = f"{configured.url}{response.headers['location']}"
             # Never connected, never spoken to: gone after the 1.5 s idle timeout.
-            assert wait_until(lambda: httpx.get(session, headers=AUTH).status_code == 404, 8)
+            assert await wait_for_async(lambda: httpx.get(session, headers=AUTH).status_code == 404, 8)
             assert configured.metric("rtvoice_whep_sessions_closed_total",
                                      {"reason": "idle_timeout"}) == closed_before + 1
-            # A connected player pulls media all the time: it is not idle.
+            # A connected player pulls media all the time: it is not idle. A session offered after it and never
+            # connected is closed by the sweep once the timeout has passed for both.
             player = await WhepPlayer(configured.url, token=TOKEN).start()
-            await asyncio.sleep(3.0)
+            later_pc, later_sdp = await offer_sdp()
+            later = f"{configured.url}{post_offer(configured.url, later_sdp, headers=AUTH).headers['location']}"
+            try:
+                assert await wait_for_async(lambda: httpx.get(later, headers=AUTH).status_code == 404, 8)
+            finally:
+                await later_pc.close()
             assert httpx.get(player.session_url, headers=AUTH).status_code == 204
         finally:
             await pc.close()
@@ -629,7 +636,7 @@ def test_fifty_sessions_leave_nothing_behind(fresh: Server) -> None:
 
     run(main())
     assert server.metric("rtvoice_whep_sessions_created_total") == created_before + 50
-    assert wait_until(lambda: settled(before), 20, 0.25), (before, debug(server.url))
+    assert wait_for(lambda: settled(before), 20, 0.25), (before, debug(server.url))
     for gauge in ("rtvoice_whep_sessions", "rtvoice_whep_peer_connections", "rtvoice_whep_tasks"):
         assert server.metric(gauge) == 0, gauge
     assert server.metric("rtvoice_active_streams") == 0

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser import Missing, require_whep_player, serve_whep_player, skip_or_fail
+from testkit.browser import Missing, require_whep_player, serve_whep_player, skip_or_fail
 from tests.conftest import Server
 
 TEXT = "Hello! How can I help you today?"

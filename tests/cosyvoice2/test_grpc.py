@@ -19,7 +19,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("kaldi_native_fbank")
 
-from bench.servers import free_port  # noqa: E402
+from testkit.servers import free_port  # noqa: E402
 from tests.conftest import Server  # noqa: E402
 from tests.cosyvoice2.standins import tone_wav  # noqa: E402
 from tests.test_cosyvoice_grpc import inference, rpc_error  # noqa: E402

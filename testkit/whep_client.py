@@ -22,6 +22,8 @@ from aioice import stun
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
+from testkit.polling import wait_for_async
+
 SPEECH_RMS = 0.01
 """A decoded frame louder than this is speech; Opus-coded digital silence decodes far below it."""
 
@@ -167,13 +169,15 @@ class WhepPlayer:
         return next((f for f in self.frames if f.at >= t and f.rms > threshold), None)
 
     async def wait_for_speech(self, after: float, timeout: float = 20.0) -> Frame:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            frame = self.first_speech_after(after)
-            if frame is not None:
-                return frame
-            await asyncio.sleep(0.01)
-        raise TimeoutError(f"no speech within {timeout} s ({len(self.frames)} frames received)")
+        if not await wait_for_async(lambda: self.first_speech_after(after) is not None, timeout, interval=0.01):
+            raise TimeoutError(f"no speech within {timeout} s ({len(self.frames)} frames received)")
+        return self.first_speech_after(after)  # type: ignore[return-value]
+
+    async def wait_for_media_until(self, t: float, timeout: float = 20.0) -> None:
+        """Until a frame played at or after monotonic time ``t`` has arrived (the track sends one every 20 ms,
+        speech or silence, so this is the media's own clock)."""
+        if not await wait_for_async(lambda: bool(self.frames) and self.frames[-1].at >= t, timeout, interval=0.01):
+            raise TimeoutError(f"no frame at or after {t} within {timeout} s ({len(self.frames)} frames received)")
 
     def frames_between(self, start: float, end: float) -> list[Frame]:
         return [f for f in self.frames if start <= f.at < end]

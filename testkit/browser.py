@@ -24,7 +24,8 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic",
     "--mute-audio",
 ]
-WHEP_PLAYER_DIR = Path(__file__).resolve().parent / "whep_player"
+WHEP_PLAYER_DIR = Path(__file__).resolve().parent.parent / "tests" / "whep_player"
+"""The player page stays with the tests that drive it; ``make whep-player`` installs its npm package there."""
 WHEP_CLIENT_JS = WHEP_PLAYER_DIR / "node_modules" / "whip-whep" / "whep.js"
 
 

@@ -6,11 +6,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from testkit.polling import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,18 +48,17 @@ def free_port() -> int:
 
 
 def _wait_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}")
         try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
+            return httpx.get(url, timeout=1).status_code == 200
         except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"{url} did not answer within {timeout_s} s")
+            return False
+
+    if not wait_for(ready, timeout_s, interval=0.2):
+        process.kill()
+        raise RuntimeError(f"{url} did not answer within {timeout_s} s")
 
 
 def start_rtvoice(env: dict[str, str] | None = None, quiet: bool = True, log_file: Path | None = None,
