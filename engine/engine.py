@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from rtvoice.engine.audio.resample import SUPPORTED_SAMPLE_RATES
 from rtvoice.engine.core import CallDeadlines, EngineCore
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from rtvoice.engine.models.cosyvoice2.service import CosyVoice2Service
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Engine:
@@ -120,12 +122,13 @@ class Engine:
                 code="unsupported_sample_rate", param=param,
             )
 
-    def check_options(self, validate: Callable[[SynthesisOptions], None], options: SynthesisOptions,
-                      param: str = "speed") -> None:
-        """Raise InvalidRequest, naming ``param``, for options a voice cannot honour (``validate``: a voice's
-        ``validate``, or a model's rule checked before its voice exists)."""
+    def check_options(self, use: Callable[[SynthesisOptions], T], options: SynthesisOptions,
+                      param: str = "speed") -> T:
+        """``use(options)``, or InvalidRequest naming ``param`` when it raises ValueError for options a voice
+        cannot honour. ``use``: a voice's ``validate`` or ``open_session``, or a model's rule checked before
+        its voice exists."""
         try:
-            validate(options)
+            return use(options)
         except ValueError as error:
             raise InvalidRequest(str(error), code="invalid_value", param=param) from error
 
@@ -143,8 +146,7 @@ class Engine:
         Raises InvalidRequest for options the voice cannot honour and Overloaded past the limits.
         """
         self.check_sample_rate(sample_rate)
-        self.check_options(voice.validate, options)
-        session = voice.open_session(options)
+        session = self.check_options(voice.open_session, options)
         segmenter = Segmenter(self.settings.first_segment_max_chars, self.settings.segment_max_chars,
                               voice.info.language)
         stream = SpeechStream(

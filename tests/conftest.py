@@ -6,12 +6,28 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from typing import Any
 
+import httpx
 import pytest
 
 from testkit.servers import Server, start_rtvoice
 from testkit.browser import Missing, launch_chromium, skip_or_fail
 
-__all__ = ["Server"]
+__all__ = ["Server", "settled_audio_seconds"]
+
+PCM_SAMPLE_BYTES = 2
+
+
+def settled_audio_seconds(server: Server) -> float:
+    """The audio seconds the server has made, read once streams cancelled just before can make no more: a whole
+    short request is made after reading it, during which the count must grow by that request's audio alone (so
+    a cancelled stream that went on making audio fails here, instead of a sleep hoping to catch it)."""
+    made = server.metric("rtvoice_audio_seconds_total")
+    follow = httpx.post(f"{server.url}/inference_sft", data={"tts_text": "Okay.", "format": "pcm"}, timeout=60)
+    assert follow.status_code == 200, follow.text
+    follow_s = len(follow.content) / PCM_SAMPLE_BYTES / int(follow.headers["x-sample-rate"])
+    grew = server.metric("rtvoice_audio_seconds_total") - made
+    assert grew == pytest.approx(follow_s, abs=0.05), "audio was made for a cancelled stream meanwhile"
+    return made
 
 
 @pytest.fixture(scope="session")

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import numpy as np
 
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.settings import EngineSettings
+from rtvoice.engine.voices import embedded_voice_path
+
+EMBEDDED_VOICE_RATE: int = json.loads(Path(f"{embedded_voice_path()}.json").read_text())["audio"]["sample_rate"]
+"""The embedded voice's own rate, from its config: what routes answer at unless asked for another."""
 
 _engine: Engine | None = None
 

@@ -21,8 +21,6 @@ class SdpError(ValueError):
 class Offer:
     sdp: str
     description: SessionDescription
-    audio_index: int
-    """The m-line the speech track answers."""
     ice_ufrag: str
     ice_pwd: str
     bundle_mid: str | None
@@ -47,10 +45,10 @@ def parse_offer(body: bytes) -> Offer:
         description = SessionDescription.parse(text)
     except Exception as error:  # aiortc's parser fails with assertions, value and key errors alike
         raise SdpError(f"the SDP offer is malformed: {error or type(error).__name__}") from error
-    audio = [(i, m) for i, m in enumerate(description.media) if m.kind == "audio"]
+    audio = [m for m in description.media if m.kind == "audio"]
     if not audio:
         raise SdpError("the offer has no audio m-line; WHEP here plays speech on one audio track", code="no_audio")
-    index, media = audio[0]  # aiortc answers the first audio m-line with the speech track
+    media = audio[0]  # aiortc answers the first audio m-line with the speech track
     if media.direction not in (None, "recvonly", "sendrecv"):
         raise SdpError(f"the offer's audio is '{media.direction}'; a player must offer recvonly (or sendrecv)",
                        code="invalid_direction")
@@ -59,7 +57,7 @@ def parse_offer(body: bytes) -> Offer:
     if media.ice is None or not media.ice.usernameFragment or not media.ice.password:
         raise SdpError("the offer has no ICE credentials (a=ice-ufrag, a=ice-pwd)")
     bundle = next((g for g in description.group if g.semantic == "BUNDLE" and g.items), None)
-    return Offer(text, description, index, media.ice.usernameFragment, media.ice.password,
+    return Offer(text, description, media.ice.usernameFragment, media.ice.password,
                  str(bundle.items[0]) if bundle else None)
 
 

@@ -21,13 +21,10 @@ pytest.importorskip("kaldi_native_fbank")
 
 from testkit.servers import free_port  # noqa: E402
 from tests.conftest import Server  # noqa: E402
+from tests.cosyvoice2.sizes import most_tokens, samples_per_token  # noqa: E402
 from tests.cosyvoice2.standins import tone_wav  # noqa: E402
 from tests.test_cosyvoice_grpc import inference, rpc_error  # noqa: E402
 
-SAMPLES_PER_TOKEN = 960
-MAX_TOKENS_PER_TEXT_ID = 20
-"""The LM stops after 20 x the text's ids (CosyVoice2's max_token_text_ratio); the fixture has no tokenizer
-files, so its text ids are the text's bytes."""
 TEXT = "Hi."
 PROMPT_16K = tone_wav(2.0, 16000, seed=7)[44:]
 """Raw int16 PCM at 16 kHz, as CosyVoice's client sends its prompt."""
@@ -42,22 +39,31 @@ def target(start_server: Callable[..., Server], serving_model_dir: Path,
     return f"127.0.0.1:{port}"
 
 
-def check_audio(audio: bytes) -> np.ndarray:
-    samples = np.frombuffer(audio, dtype="<i2")
-    assert len(samples) > 0 and len(samples) % SAMPLES_PER_TOKEN == 0
-    assert len(samples) <= MAX_TOKENS_PER_TEXT_ID * len(TEXT.encode()) * SAMPLES_PER_TOKEN
-    assert np.abs(samples).max() > 0
-    return samples
+@pytest.fixture(scope="module")
+def check_audio(serving_service: Any) -> Callable[[bytes], np.ndarray]:
+    """Whole tokens of audio, at most the LM's limit for TEXT, not silent."""
+    per_token = samples_per_token(serving_service)
+    limit = most_tokens(serving_service, TEXT) * per_token
+
+    def check(audio: bytes) -> np.ndarray:
+        samples = np.frombuffer(audio, dtype="<i2")
+        assert 0 < len(samples) <= limit and len(samples) % per_token == 0
+        assert np.abs(samples).max() > 0
+        return samples
+
+    return check
 
 
 @pytest.mark.parametrize("spk_id", ["cosyvoice2-sft", "sft"])
-def test_sft_with_a_spk2info_speaker(cosyvoice_stubs: Any, target: str, spk_id: str) -> None:
+def test_sft_with_a_spk2info_speaker(cosyvoice_stubs: Any, target: str, spk_id: str,
+                                     check_audio: Callable[[bytes], np.ndarray]) -> None:
     """A speaker by rtvoice's id, or by the bare spk2info name CosyVoice's clients know."""
     messages, _ = cosyvoice_stubs
     check_audio(inference(cosyvoice_stubs, target, sft_request=messages.sftRequest(spk_id=spk_id, tts_text=TEXT)))
 
 
-def test_zero_shot_cross_lingual_and_instruct(cosyvoice_stubs: Any, target: str) -> None:
+def test_zero_shot_cross_lingual_and_instruct(cosyvoice_stubs: Any, target: str,
+                                              check_audio: Callable[[bytes], np.ndarray]) -> None:
     messages, _ = cosyvoice_stubs
     check_audio(inference(cosyvoice_stubs, target, zero_shot_request=messages.zeroshotRequest(
         tts_text=TEXT, prompt_text="Hello there, nice to meet you.", prompt_audio=PROMPT_16K)))

@@ -28,9 +28,9 @@ from bench.servers import start_rtvoice  # noqa: E402
 from rtvoice.engine.models.base import SynthesisOptions  # noqa: E402
 from tests.audio import parse_wav  # noqa: E402
 from tests.conftest import Server  # noqa: E402
+from tests.cosyvoice2.sizes import expected_chunk_samples, most_tokens, samples_per_token  # noqa: E402
 from tests.cosyvoice2.standins import tone_wav  # noqa: E402
 
-SAMPLES_PER_TOKEN = 960
 PROMPT_WAV = tone_wav(2.0, 44100, 2, seed=7)
 PROMPT_TEXT = "Hello there, nice to meet you."
 
@@ -106,22 +106,27 @@ def test_inference_sft_with_a_spk2info_speaker(cv_server: Server, local: Any, sp
     assert response.headers["x-sample-rate"] == "24000" and response.headers["x-voice"] == spk_id
     header, samples = parse_wav(response.content)
     assert header["sample_rate"] == 24000 and header["data_size"] == 0xFFFFFFFF
-    assert 0 < len(samples) <= 20 * 3 * SAMPLES_PER_TOKEN and len(samples) % SAMPLES_PER_TOKEN == 0
+    per_token = samples_per_token(local)
+    assert 0 < len(samples) <= most_tokens(local, "Hi.") * per_token and len(samples) % per_token == 0
     assert np.array_equal(samples, engine_pcm(local, local.speakers[spk_id], "Hi.", seed=4))
     piper = httpx.post(f"{cv_server.url}/inference_sft", data={"tts_text": "Hi.", "spk_id": "en_US-joe-medium"},
                        timeout=60)
     assert piper.status_code == 200 and piper.headers["x-sample-rate"] == "22050"
 
 
-def test_audio_streams_in_chunks(cv_server: Server) -> None:
-    """Two segments: the first chunk (0.84 s of audio) is sent while the rest is still being made."""
+def test_audio_streams_in_chunks(cv_server: Server, local: Any) -> None:
+    """Two segments: the first chunk (one hop, less HiFT's held-back overlap) is sent while the rest is still
+    being made."""
     with httpx.stream("POST", f"{cv_server.url}/inference_sft",
                       data={"tts_text": "Yes. Ok.", "spk_id": "cosyvoice2-sft", "format": "pcm", "seed": "1"},
                       timeout=120) as response:
         assert response.headers.get("transfer-encoding") == "chunked"
         pieces = [len(piece) for piece in response.iter_raw()]
-    assert len(pieces) >= 3 and sum(pieces) == (80 + 60) * SAMPLES_PER_TOKEN * 2
-    assert pieces[0] <= (25 * SAMPLES_PER_TOKEN - 3840) * 2
+    per_token, int16 = samples_per_token(local), 2
+    tokens = most_tokens(local, "Yes.") + most_tokens(local, "Ok.")
+    assert len(pieces) >= 3 and sum(pieces) == tokens * per_token * int16
+    first_chunk = expected_chunk_samples(local, most_tokens(local, "Yes."), n_prompt=0)[0]  # an SFT speaker: no prompt
+    assert pieces[0] <= first_chunk * int16
 
 
 @pytest.mark.parametrize("route,mode,fields", [
@@ -136,7 +141,8 @@ def test_prompt_routes_match_the_engine(cv_server: Server, local: Any, route: st
     assert response.headers["content-type"] == "audio/pcm" and response.headers["x-sample-rate"] == "24000"
     samples = np.frombuffer(response.content, dtype="<i2")
     voice = prompt_voice(local, mode, fields.get("instruct_text"))
-    assert len(samples) % SAMPLES_PER_TOKEN == 0 and np.array_equal(samples, engine_pcm(local, voice, "Hi.", seed=3))
+    assert len(samples) % samples_per_token(local) == 0
+    assert np.array_equal(samples, engine_pcm(local, voice, "Hi.", seed=3))
 
 
 def test_get_with_a_multipart_body_and_resampling(cv_server: Server, local: Any) -> None:
@@ -318,7 +324,7 @@ def test_concurrent_requests_of_different_ages_each_equal_their_solo_output(cv_s
         assert _multi_stream_lm_calls(cv_server) > batched_before, "no LM call ever ran two streams together"
         for (text, voice, seed), body in zip(plan, bodies, strict=True):
             samples = np.frombuffer(body, dtype="<i2")
-            assert len(samples) > 0 and len(samples) % SAMPLES_PER_TOKEN == 0, (text, voice)
+            assert len(samples) > 0 and len(samples) % samples_per_token(local) == 0, (text, voice)
             assert np.array_equal(samples, engine_pcm(local, voices[voice], text, seed=seed)), (text, voice, seed)
     finally:
         httpx.delete(f"{cv_server.url}/v1/voices/loaded")

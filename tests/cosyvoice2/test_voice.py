@@ -18,12 +18,12 @@ require("kaldi_native_fbank")
 
 from rtvoice.engine.models.base import SynthesisOptions  # noqa: E402
 from rtvoice.engine.models.cosyvoice2.frontend import END_OF_PROMPT  # noqa: E402
-from rtvoice.engine.models.cosyvoice2.token2wav import MAX_HOP_FACTOR, MEL_CACHE_FRAMES  # noqa: E402
 from rtvoice.engine.models.cosyvoice2.steps import PrefillJob  # noqa: E402
 from rtvoice.engine.models.cosyvoice2.voice import CosyVoice2Session  # noqa: E402
+from tests.cosyvoice2.sizes import expected_chunk_samples, most_tokens, samples_per_token  # noqa: E402
 from tests.cosyvoice2.standins import tone_wav  # noqa: E402
 
-SAMPLES_PER_TOKEN = 2 * 480  # two mel frames of 480 samples at 24 kHz
+
 
 
 @pytest.fixture
@@ -59,23 +59,6 @@ def drive(session: CosyVoice2Session, texts: list[str]) -> tuple[list[np.ndarray
     return chunks, kinds, tokens
 
 
-def expected_chunk_samples(n_tokens: int, n_prompt: int, chunk_size: int = 25, lookahead: int = 3) -> list[int]:
-    """The hop schedule: first hop padded so prompt + hop fill whole chunks, hops doubling up to 4 chunks, each
-    streamed chunk holding back the HiFT overlap, the final chunk the rest."""
-    pad = -(-n_prompt // chunk_size) * chunk_size - n_prompt
-    hold = MEL_CACHE_FRAMES * 480
-    sizes, offset, hop = [], 0, chunk_size
-    while True:
-        this_hop = hop + pad if offset == 0 else hop
-        if n_tokens - offset < this_hop + lookahead:
-            break
-        sizes.append(this_hop * SAMPLES_PER_TOKEN - (hold if not sizes else 0))
-        offset += this_hop
-        hop = min(chunk_size * MAX_HOP_FACTOR, hop * 2)
-    sizes.append((n_tokens - offset) * SAMPLES_PER_TOKEN + (hold if sizes else 0))
-    return sizes
-
-
 @pytest.mark.parametrize("mode", ["sft", "zero_shot"])
 def test_session_equals_model_streaming(serving_service: Any, prompt: Any, deterministic_source: None,
                                         mode: str) -> None:
@@ -89,13 +72,13 @@ def test_session_equals_model_streaming(serving_service: Any, prompt: Any, deter
     text = torch.tensor([list(b"Good.")], dtype=torch.int32)
     lm = service.model.llm.start(text, voice.lm_prompt.text_ids, voice.lm_prompt.speech_tokens,
                                  generator=torch.Generator().manual_seed(5))
-    assert list(service.model.llm.generate(lm)) == tokens and len(tokens) == lm.max_len == 20 * 5
+    assert list(service.model.llm.generate(lm)) == tokens and len(tokens) == lm.max_len == most_tokens(service, "Good.")
     reference = service.model.token2wav.stream(voice.flow_prompt, torch.Generator().manual_seed(6))
     want = [c for t in tokens for c in reference.push([t])] + reference.finish()
     assert [len(c) for c in chunks] == [c.shape[1] for c in want]
     for got, expected in zip(chunks, want, strict=True):
         assert np.array_equal(got, expected[0].numpy())
-    assert [len(c) for c in chunks] == expected_chunk_samples(len(tokens), voice.flow_prompt.tokens.shape[1])
+    assert [len(c) for c in chunks] == expected_chunk_samples(service, len(tokens), voice.flow_prompt.tokens.shape[1])
 
 
 def test_token2wav_steps_interleave_with_lm_steps(serving_service: Any) -> None:
@@ -141,10 +124,12 @@ def test_segments(serving_service: Any) -> None:
     voice = serving_service.speakers["cosyvoice2-sft"]
     both = voice.open_session(SynthesisOptions(seed=2))
     chunks, _, tokens = drive(both, ["Hi.", "", "Yes."])
-    assert both.segments_done == 3 and [len(t) for t in tokens] == [60, 0, 80]
-    assert sum(len(c) for c in chunks) == 140 * SAMPLES_PER_TOKEN
+    hi, yes = most_tokens(serving_service, "Hi."), most_tokens(serving_service, "Yes.")
+    assert both.segments_done == 3 and [len(t) for t in tokens] == [hi, 0, yes]
+    per_token = samples_per_token(serving_service)
+    assert sum(len(c) for c in chunks) == (hi + yes) * per_token
     first_alone, _, _ = drive(voice.open_session(SynthesisOptions(seed=2)), ["Hi."])
-    assert np.array_equal(np.concatenate(chunks)[: 60 * SAMPLES_PER_TOKEN], np.concatenate(first_alone))
+    assert np.array_equal(np.concatenate(chunks)[: hi * per_token], np.concatenate(first_alone))
 
 
 def test_interleaved_sessions_match_solo_runs(serving_service: Any, prompt: Any) -> None:
@@ -205,7 +190,8 @@ def test_concurrent_streams_through_the_engine(serving_service: Any) -> None:
     alone, together, decisions = asyncio.run(run())
     for a, b in zip(alone, together, strict=True):
         assert np.array_equal(a, b)
-    assert len(alone[0]) == 120 * SAMPLES_PER_TOKEN  # two segments of 3 text ids, 20 tokens each
+    segments = most_tokens(serving_service, "Hi.") + most_tokens(serving_service, "Ok.")
+    assert len(alone[0]) == segments * samples_per_token(serving_service)
     assert not np.array_equal(alone[0], alone[1])
     first, second = decisions[0].stream_ids[0], decisions[1].stream_ids[0]
     assert first != second, "the second stream waited for the first"

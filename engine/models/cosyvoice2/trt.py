@@ -283,13 +283,10 @@ class TrtEstimator:
             if context is None:
                 raise RuntimeError("TensorRT could not create an execution context (out of GPU memory?)")
             self._pool.put((context, None))
-        self.calls = 0
-        self.fallback_calls = 0
 
     def __call__(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
                  lengths: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
         if not self.profile.covers(x.shape[0], x.shape[2]):
-            self.fallback_calls += 1
             return self.fallback(x, mu, t, spks, cond, lengths, chunks)
         inputs = {
             "x": x.float().contiguous(), "mu": mu.float().contiguous(), "t": t.float().contiguous(),
@@ -316,7 +313,6 @@ class TrtEstimator:
             last = done
         finally:
             self._pool.put((context, last))
-        self.calls += 1
         return out.to(x.dtype)
 
 
