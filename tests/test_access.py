@@ -16,6 +16,7 @@ from rtvoice.app.access import KeyRing, RequestRate, parse_api_keys, warn_if_ope
 from rtvoice.app.settings import Settings
 from tests.conftest import Server
 from testkit.polling import wait_for
+from tests.engine_output import EMBEDDED_VOICE_RATE
 
 ALICE = "sk-alice-0123456789"
 BOB = "sk-bob-9876543210"
@@ -251,9 +252,9 @@ def test_grpc_calls_take_the_same_keys_quotas_and_request_ids(start_server: Call
             call(metadata)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
     audio, initial = call((("x-api-key", ALICE), ("x-request-id", "grpc-1")))
-    assert len(audio) > 22050 and initial["x-request-id"] == "grpc-1"
+    assert len(audio) > EMBEDDED_VOICE_RATE and initial["x-request-id"] == "grpc-1"
     audio, _ = call((("authorization", f"Bearer {ALICE}"),))
-    assert len(audio) > 22050
+    assert len(audio) > EMBEDDED_VOICE_RATE
 
     async def while_a_socket_holds_the_stream() -> None:
         url = server.url.replace("http", "ws") + f"/v1/tts/stream?api_key={ALICE}"

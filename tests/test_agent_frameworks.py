@@ -24,7 +24,7 @@ import pytest
 
 from bench.word_timing import forced_alignment
 from tests.conftest import Server
-from tests.engine_output import synthesize
+from tests.engine_output import EMBEDDED_VOICE_RATE, synthesize
 
 pytest.importorskip("pipecat")
 pytest.importorskip("livekit.agents")
@@ -68,7 +68,7 @@ API_KEY = "sk-rtvoice-test"
 @pytest.fixture(scope="module")
 def reference_s() -> float:
     """Seconds of audio the engine makes of TEXT."""
-    return len(synthesize(TEXT, seed=1)) / 22050
+    return len(synthesize(TEXT, seed=1)) / EMBEDDED_VOICE_RATE
 
 
 def check(pcm: bytes, rate: int, reference_s: float) -> None:

@@ -17,7 +17,7 @@ import websockets
 
 from tests.audio import decode, parse_wav, same_speech
 from tests.conftest import Server
-from tests.engine_output import synthesize
+from tests.engine_output import EMBEDDED_VOICE_RATE, synthesize
 from testkit.polling import wait_for
 
 CARTESIA_VOICE = "a0e99841-438c-4a64-b679-ae501e7d6091"
@@ -27,7 +27,7 @@ SECOND = "A second context speaks at another rate."
 LONG = " ".join(["The meeting went on for hours, and nobody could say when it would end."] * 12)
 
 
-def request(context_id: str, transcript: str, *, rate: int = 22050, encoding: str = "pcm_s16le",
+def request(context_id: str, transcript: str, *, rate: int = EMBEDDED_VOICE_RATE, encoding: str = "pcm_s16le",
             voice: str = CARTESIA_VOICE, **fields: Any) -> dict[str, Any]:
     """A generation request as Pipecat's and LiveKit's Cartesia services send it."""
     return {"model_id": "sonic-3", "transcript": transcript, "voice": {"mode": "id", "id": voice},
@@ -87,7 +87,7 @@ def test_contexts_on_one_socket_match_the_engine(server: Server) -> None:
             return await client.until_done("a", "b")
 
     by_context = asyncio.run(run())
-    for context_id, text, seed, rate in (("a", FIRST, 5, 22050), ("b", SECOND, 6, 16000)):
+    for context_id, text, seed, rate in (("a", FIRST, 5, EMBEDDED_VOICE_RATE), ("b", SECOND, 6, 16000)):
         messages = by_context[context_id]
         kinds = {m["type"] for m in messages}
         assert [m["type"] for m in messages][-1] == "done" and kinds == {"chunk", "timestamps", "done"}
@@ -172,7 +172,7 @@ def test_flush_done_follows_the_flushed_audio_and_numbers_the_chunks(server: Ser
     assert before and after and messages[flush_at]["flush_id"] == 1
     assert {m["flush_id"] for m in before if m["type"] == "chunk"} == {1}
     assert {m["flush_id"] for m in after if m["type"] == "chunk"} == {2}
-    assert len(pcm_of(before)) / 22050 > 0.5 and len(pcm_of(after)) / 22050 > 0.5
+    assert len(pcm_of(before)) / EMBEDDED_VOICE_RATE > 0.5 and len(pcm_of(after)) / EMBEDDED_VOICE_RATE > 0.5
 
 
 def test_buffering_waits_for_the_delay_or_speaks_at_once(server: Server) -> None:
@@ -209,8 +209,8 @@ def test_cancel_stops_a_context_and_frees_its_slot(server: Server) -> None:
     long_messages = [m for m in messages if m["context_id"] == "long"]
     assert all(m["context_id"] != "long" for m in messages[first_next:])
     assert all(m["type"] in ("chunk", "timestamps") for m in long_messages)  # no done for a cancelled context
-    assert len(pcm_of(long_messages)) / 22050 < 30  # far from the minute of audio the whole text makes
-    assert messages[-1]["type"] == "done" and len(pcm_of(messages[first_next:])) > 22050
+    assert len(pcm_of(long_messages)) / EMBEDDED_VOICE_RATE < 30  # far from the minute of audio the whole text makes
+    assert messages[-1]["type"] == "done" and len(pcm_of(messages[first_next:])) > EMBEDDED_VOICE_RATE
     assert wait_for(lambda: server.metric("rtvoice_active_streams") == 0)
 
 

@@ -17,11 +17,11 @@ import pytest
 from rtvoice.app.cosyvoice_grpc import generate as generate_module
 from testkit.servers import free_port
 from tests.conftest import Server
-from tests.engine_output import synthesize
+from tests.engine_output import EMBEDDED_VOICE_RATE, synthesize
 from testkit.polling import wait_for
 
 TEXT = "CosyVoice's client speaks through rtvoice."
-RATE = 22050
+RATE = EMBEDDED_VOICE_RATE
 
 
 def test_the_committed_modules_are_generated_from_the_proto() -> None:

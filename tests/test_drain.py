@@ -20,6 +20,7 @@ from testkit.servers import Server, start_rtvoice
 from tests.audio import parse_wav
 from testkit.polling import wait_for
 from testkit.whep_client import WhepPlayer
+from tests.engine_output import EMBEDDED_VOICE_RATE
 
 LONG_TEXT = " ".join(["The drain lets this sentence finish before the server goes away."] * 6)
 
@@ -87,7 +88,7 @@ def test_sigterm_lets_streams_finish_then_closes_sockets_and_exits_0(tmp_path: P
                     chunks.append(chunk)
         wav = b"".join(chunks)
         _, samples = parse_wav(wav)
-        assert len(samples) / 22050 > 10, "the whole text was spoken"
+        assert len(samples) / EMBEDDED_VOICE_RATE > 10, "the whole text was spoken"
         speaking_events, speaking_audio, code, reason = await until_closed(speaking)
         idle_events, _, idle_code, _ = await until_closed(idle)
         kinds = [event["type"] for event in speaking_events]

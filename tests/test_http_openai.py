@@ -11,7 +11,7 @@ import pytest
 
 from tests.audio import decode, parse_wav, same_speech
 from tests.conftest import Server
-from tests.engine_output import synthesize
+from tests.engine_output import EMBEDDED_VOICE_RATE, synthesize
 
 TEXT = "Streaming speech for voice agents, one sentence at a time."
 
@@ -136,7 +136,7 @@ def test_malformed_json(server: Server, content: bytes) -> None:
 def test_voice_lists(server: Server) -> None:
     voices = httpx.get(f"{server.url}/voices").json()
     joe = next(v for v in voices if v["id"] == "en_US-joe-medium")
-    assert joe["sample_rate"] == 22050 and joe["language"] == "en_US" and joe["model"] == "piper"
+    assert joe["sample_rate"] == EMBEDDED_VOICE_RATE and joe["language"] == "en_US" and joe["model"] == "piper"
     listing = httpx.get(f"{server.url}/v1/audio/voices").json()
     assert [v["id"] for v in listing["voices"]] == [v["id"] for v in voices]
     assert listing["aliases"]["alloy"] == "en_US-joe-medium"

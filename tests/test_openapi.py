@@ -10,6 +10,7 @@ from openapi_spec_validator import validate
 
 from rtvoice.app.cosyvoice_api import CrossLingualForm, Instruct2Form, SftForm, ZeroShotForm
 from tests.conftest import Server
+from tests.engine_output import EMBEDDED_VOICE_RATE
 
 FORM_ROUTES = {
     "/inference_sft": (SftForm, ()),
@@ -72,4 +73,4 @@ def test_a_field_in_query_and_body_takes_the_body_value(server: Server) -> None:
     response = httpx.request("GET", f"{server.url}/inference_sft", params={"spk_id": "no-such-voice"},
                              data={"tts_text": "Body wins.", "spk_id": "en_US-joe-medium", "format": "pcm"}, timeout=60)
     assert response.status_code == 200 and response.headers["x-voice"] == "en_US-joe-medium"
-    assert len(response.content) > 2 * 22050 // 4
+    assert len(response.content) > 2 * EMBEDDED_VOICE_RATE // 4

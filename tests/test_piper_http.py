@@ -13,10 +13,10 @@ import pytest
 from rtvoice.engine.voices import embedded_voice_path
 from tests.audio import parse_wav, same_speech
 from tests.conftest import Server
-from tests.engine_output import synthesize
+from tests.engine_output import EMBEDDED_VOICE_RATE, synthesize
 
 TEXT = "Piper's clients get a streamed WAV from rtvoice."
-RATE = 22050
+RATE = EMBEDDED_VOICE_RATE
 
 
 def voice_length_scale() -> float:
@@ -32,7 +32,7 @@ def synthesize_http(server: Server, **body: Any) -> httpx.Response:
 def test_a_streamed_wav_with_a_canonical_header_matching_the_engine(server: Server) -> None:
     with httpx.stream("POST", f"{server.url}/synthesize", json={"text": TEXT, "seed": 12}, timeout=60) as response:
         assert response.status_code == 200 and response.headers["content-type"] == "audio/wav"
-        assert response.headers.get("transfer-encoding") == "chunked" and response.headers["x-sample-rate"] == "22050"
+        assert response.headers.get("transfer-encoding") == "chunked" and response.headers["x-sample-rate"] == str(RATE)
         pieces = list(response.iter_raw())
     body = b"".join(pieces)
     header, samples = parse_wav(body)

@@ -8,6 +8,7 @@ import httpx
 
 from rtvoice.engine.voices import embedded_voice_path
 from tests.audio import parse_wav
+from tests.engine_output import EMBEDDED_VOICE_RATE
 
 
 def test_voices_directory(tmp_path: Path, start_server) -> None:  # type: ignore[no-untyped-def]
@@ -21,7 +22,7 @@ def test_voices_directory(tmp_path: Path, start_server) -> None:  # type: ignore
     response = httpx.post(f"{server.url}/inference_sft", data={"tts_text": "Second voice.", "spk_id": ids[1]},
                           timeout=60)
     assert response.status_code == 200 and response.headers["x-voice"] == "en_US-second-medium"
-    assert len(parse_wav(response.content)[1]) > 22050 // 2
+    assert len(parse_wav(response.content)[1]) > EMBEDDED_VOICE_RATE // 2
     mapped = httpx.post(f"{server.url}/v1/audio/speech", json={"model": "tts-1", "input": "Hi.", "voice": "nova"},
                         timeout=60)
     assert mapped.headers["x-voice"] == "en_US-second-medium"

@@ -19,6 +19,7 @@ from rtvoice.engine.stream import AudioChunk, SegmentDone
 from tests.audio import same_speech
 from tests.conftest import Server, settled_audio_seconds
 from testkit.polling import wait_for
+from tests.engine_output import EMBEDDED_VOICE_RATE
 
 SENTENCE = "This sentence comes from rtvoice, streaming as it speaks."
 LONG_TEXT = " ".join([
@@ -26,7 +27,7 @@ LONG_TEXT = " ".join([
     "meeting, but the discussion about the new budget, the delayed construction of the bridge, and the future of the",
     "community garden went on for hours.",
 ] * 4)
-NATIVE_RATE = 22050
+NATIVE_RATE = EMBEDDED_VOICE_RATE
 
 
 # -- what the engine makes of the same text, in-process ------------------------------------------------------
