@@ -24,6 +24,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from rtvoice.app.fields import MAX_SPEED, MIN_SPEED
 from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.state import engine_of
 from rtvoice.app.streaming import SpeechResponse, audio_body
@@ -34,8 +35,6 @@ from rtvoice.engine.models.base import SynthesisOptions, Voice
 log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["Piper"])
-
-MIN_SPEED, MAX_SPEED = 0.25, 4.0
 
 
 class SynthesizeRequest(BaseModel):
