@@ -15,37 +15,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from rtvoice.engine.engine import Engine
-from rtvoice.engine.models.base import SynthesisOptions
-from rtvoice.engine.settings import Settings
-from rtvoice.engine.stream import AudioChunk, WordTiming
+from rtvoice.engine.settings import EngineSettings
+from rtvoice.engine.stream import WordTiming
 from rtvoice.engine.text import Segmenter
-
-ALIGNER_RATE = 16_000
-ALIGNER_FRAME_S = 0.01
-"""PocketSphinx counts in 10 ms frames."""
-
-SENTENCES: list[tuple[str, str]] = [
-    # The text as a client sends it, and its words as spoken, one "|"-separated group per word.
-    ("It costs $100, Dr. Smith said.", "it|costs|one hundred dollars|doctor|smith|said"),
-    ("I went to the store in the morning and bought 3 apples.",
-     "i|went|to|the|store|in|the|morning|and|bought|three|apples"),
-    ("The meeting starts at 9 on Monday, e.g. right after breakfast.",
-     "the|meeting|starts|at|nine|on|monday|for example|right|after|breakfast"),
-    ("Prices rose 25% in 2023 & fell again.",
-     "prices|rose|twenty five percent|in|two thousand twenty three|and|fell|again"),
-    ("Please call me back before five o'clock tomorrow afternoon.",
-     "please|call|me|back|before|five|o'clock|tomorrow|afternoon"),
-    ("My sister bought a small house near the river last summer.",
-     "my|sister|bought|a|small|house|near|the|river|last|summer"),
-]
+from testkit.alignment import ALIGNER_RATE, SENTENCES, forced_alignment, speak
 
 
 @dataclass(frozen=True)
@@ -64,43 +41,6 @@ class SentenceResult:
         return statistics.fmean(abs(e) for e in self.errors_s)
 
 
-def forced_alignment(pcm: np.ndarray, groups: Sequence[str]) -> list[float]:
-    """Start (seconds) of each group of spoken words in 16 kHz int16 ``pcm``, by PocketSphinx's forced alignment."""
-    from pocketsphinx import Decoder
-
-    decoder = Decoder(lm=None, loglevel="ERROR")
-    decoder.set_align_text(" ".join(groups))
-    decoder.start_utt()
-    decoder.process_raw(pcm.astype("<i2").tobytes(), full_utt=True)
-    decoder.end_utt()
-    aligned = [(re.sub(r"\(\d+\)$", "", seg.word), seg.start_frame * ALIGNER_FRAME_S) for seg in decoder.seg()
-               if seg.word not in ("<s>", "</s>", "<sil>") and not seg.word.startswith("+")]
-    spoken = " ".join(groups).split()
-    if [word for word, _ in aligned] != spoken:
-        raise RuntimeError(f"the aligner returned {[w for w, _ in aligned]}, not {spoken}")
-    starts: list[float] = []
-    index = 0
-    for group in groups:
-        starts.append(aligned[index][1])
-        index += len(group.split())
-    return starts
-
-
-async def speak(engine: Engine, text: str, seed: int, sample_rate: int = ALIGNER_RATE,
-                speed: float = 1.0) -> tuple[np.ndarray, list[WordTiming]]:
-    """The engine's audio and word timings for ``text``."""
-    stream = engine.open_stream(engine.resolve_voice(None), SynthesisOptions(seed=seed, speed=speed), sample_rate,
-                                text=text)
-    chunks: list[np.ndarray] = []
-    words: list[WordTiming] = []
-    async for event in stream.events():
-        if isinstance(event, AudioChunk):
-            chunks.append(event.pcm)
-        elif isinstance(event, WordTiming):
-            words.append(event)
-    return np.concatenate(chunks), words
-
-
 def estimated(text: str, words: list[WordTiming], audio_s: float) -> list[float]:
     """The reference: each word's place in its text (by characters) spread over the audio, as for a voice without
     durations (one segment)."""
@@ -113,7 +53,7 @@ def estimated(text: str, words: list[WordTiming], audio_s: float) -> list[float]
 
 
 async def measure(seed: int = 1) -> list[SentenceResult]:
-    engine = Engine(Settings(warmup=False))
+    engine = Engine(EngineSettings(warmup=False))
     await engine.start()
     try:
         results = []

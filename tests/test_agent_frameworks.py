@@ -22,7 +22,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from bench.word_timing import forced_alignment
+from testkit.alignment import forced_alignment
 from tests.conftest import Server
 from tests.engine_output import EMBEDDED_VOICE_RATE, synthesize
 

@@ -10,7 +10,7 @@ from rtvoice.engine.audio.pcm import leading_silence
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.output import MAX_TRIMMED_S, ONSET_LEAD_S, SILENCE_THRESHOLD
-from rtvoice.engine.settings import Settings
+from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import AudioChunk, WordTiming
 
 TEXT = "Hello! How can I help you today?"
@@ -26,7 +26,7 @@ def test_leading_silence_counts_quiet_samples() -> None:
 
 def _synthesize(trim: bool) -> tuple[np.ndarray, list[WordTiming]]:
     async def run() -> tuple[np.ndarray, list[WordTiming]]:
-        engine = Engine(Settings(warmup=False))
+        engine = Engine(EngineSettings(warmup=False))
         await engine.start()
         try:
             stream = engine.open_stream(engine.resolve_voice(None), SynthesisOptions(seed=7), RATE, text=TEXT,

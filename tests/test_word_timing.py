@@ -10,12 +10,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from bench.word_timing import ALIGNER_RATE, SENTENCES, forced_alignment, speak
+from testkit.alignment import ALIGNER_RATE, SENTENCES, forced_alignment, speak
 from rtvoice.engine.audio.pcm import to_float32, to_int16
 from rtvoice.engine.audio.resample import resample
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
-from rtvoice.engine.settings import Settings
+from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import AudioChunk, SegmentDone, WordTiming
 from rtvoice.engine.text import Segmenter
 
@@ -27,7 +27,7 @@ SAMPLE_EDGE_S = 0.002
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
     loop = asyncio.new_event_loop()
-    engine = Engine(Settings(warmup=False))
+    engine = Engine(EngineSettings(warmup=False))
     loop.run_until_complete(engine.start())
     engine.loop = loop  # type: ignore[attr-defined]
     yield engine

@@ -22,14 +22,14 @@ TEXT = "Hello there, $5 each. And a second sentence follows."
 
 def stream_events(service: Any, voice: Any, text: str, seed: int) -> list[object]:
     from rtvoice.engine.engine import Engine
-    from rtvoice.engine.settings import Settings
+    from rtvoice.engine.settings import EngineSettings
     from rtvoice.engine.voices import VoiceRegistry
 
     registry = VoiceRegistry([voice])
     registry.cosyvoice = service
 
     async def run() -> list[object]:
-        engine = Engine(Settings(warmup=False), voices=registry)
+        engine = Engine(EngineSettings(warmup=False), voices=registry)
         await engine.start()
         try:
             stream = engine.open_stream(voice, SynthesisOptions(seed=seed), None, text=text)
