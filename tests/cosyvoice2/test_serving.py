@@ -24,7 +24,7 @@ torch = require("torch")
 require("transformers")
 require("kaldi_native_fbank")
 
-from bench.servers import start_rtvoice  # noqa: E402
+from testkit.servers import start_rtvoice  # noqa: E402
 from rtvoice.engine.models.base import SynthesisOptions  # noqa: E402
 from tests.audio import parse_wav  # noqa: E402
 from tests.conftest import Server  # noqa: E402
