@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,9 +45,19 @@ class Costs:
     per_unit: dict[str, float] = field(default_factory=lambda: {"encode": 0.0004, "flow": 0.00012,
                                                                   "decode": 0.0009})
     scale: float = 1.0
+    squared: dict[str, float] = field(default_factory=dict)
+    """Seconds per unit squared (Piper's encoder costs grow faster than its text: attention)."""
 
     def __call__(self, kind: str, size: int) -> float:
-        return self.scale * (self.fixed[kind] + self.per_unit[kind] * size)
+        squared = self.squared.get(kind, 0.0) * size * size
+        return self.scale * (self.fixed[kind] + self.per_unit[kind] * size + squared)
+
+    @classmethod
+    def piper_like(cls, scale: float = 1.0) -> Costs:
+        """About what Piper's medium voice costs on one core of the machines this was written on."""
+        return cls(fixed={"encode": 0.005, "flow": 0.0005, "decode": 0.0005},
+                   per_unit={"encode": 0.0003, "flow": 0.000113, "decode": 0.00055},
+                   squared={"encode": 0.000001}, scale=scale)
 
 
 @dataclass
@@ -207,8 +218,13 @@ class _Call:
 class Simulation:
     """The real scheduler on simulated time: calls take what the fake voice's costs say."""
 
-    def __init__(self, voice: FakeVoice, slots: int = 2, limits: Limits = Limits()) -> None:
+    def __init__(self, voice: FakeVoice, slots: int = 2, limits: Limits = Limits(), noise: float = 0.0,
+                 seed: int = 0) -> None:
+        """``noise``: each call takes its cost times a log-normal factor of this spread (0: exactly its cost),
+        drawn from a generator seeded with ``seed``, as on a machine shared with other work."""
         self.voice = voice
+        self.noise = noise
+        self._random = random.Random(seed)
         self.clock = Clock()
         self.metrics = Metrics()
         self.scheduler = Scheduler(slots, limits, self.metrics, clock=self.clock)
@@ -243,6 +259,8 @@ class Simulation:
             while (batch := self.scheduler.pick_batch()) is not None:
                 results = self.voice.run(batch.payloads)
                 seconds = self.voice.call_s(batch.payloads)  # type: ignore[arg-type]
+                if self.noise:
+                    seconds *= self._random.lognormvariate(0.0, self.noise)
                 heapq.heappush(self.calls, _Call(self.clock.now + seconds, next(self._order), batch,
                                                  BatchOutput(results, seconds)))
             next_call = self.calls[0].ends_at if self.calls else float("inf")

@@ -251,6 +251,30 @@ def test_admission_queues_past_capacity_and_admitted_listeners_never_stall() -> 
     assert audio / sim.clock.now > 0.8 * capacity
 
 
+def test_when_the_machine_slows_under_its_listeners_chunks_stay_efficient() -> None:
+    """Listeners at 80% of the measured capacity, then every call takes twice as long (a machine shared with other
+    work): the admitted streams now need more than it makes, so some wait for audio. A stream whose buffer is
+    already too short for any chunk takes an efficient one, not the smallest: small chunks cost more per second of
+    audio, and with every stream taking them the machine falls further behind (on main: 0.37 of capacity, gaps of
+    up to 7 s); with efficient ones it catches up (0.46, gaps under a second)."""
+    for seed in range(2):
+        voice = FakeVoice(Costs.piper_like())
+        sim = Simulation(voice, noise=0.2, seed=seed)
+        sim.calibrate()
+        capacity = sim.scheduler.capacity(voice)
+        listeners(sim, int(0.8 * capacity), 1.0, utterances=3)
+
+        def slow_down() -> None:
+            voice.costs.scale = 2.0
+
+        sim.at(2.0, slow_down)
+        sim.run()
+        audio = sum(s.playback.audio_s for s in sim.streams)
+        wall = max(s.playback.runs_out_at or 0.0 for s in sim.streams)
+        assert audio / wall > 0.42 * capacity, seed  # half the calibrated capacity at most, after the slow-down
+        assert max(s.playback.stall_s for s in sim.streams) < 1.5, seed
+
+
 def test_overloaded_past_the_queue_with_retry_after_from_the_rate_streams_finish() -> None:
     sim = Simulation(FakeVoice(), limits=Limits(max_queued_streams=2))
     sim.calibrate()

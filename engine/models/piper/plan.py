@@ -188,7 +188,10 @@ class Planner:
         stream takes that least chunk, or under load ``FIRST_CHUNK_SHARE_OF_ROUND`` of a round. After it,
         the size is the largest that fits the call budget and this stream's own buffer; but never below the
         size at which the machine keeps up with its load (each frame may cost at most ``1 / (load ×
-        safety)`` times what it costs at the largest size), unless the stream's own buffer cannot wait.
+        safety)`` times what it costs at the largest size), unless the stream's own buffer cannot wait for it.
+        A stream whose buffer is too short for even the least chunk (its listener waits whatever it takes, as
+        when the machine slows down under the streams it admitted) keeps that floor: small chunks cost more per
+        second of audio, and under load they would keep every stream behind.
         """
         g = self.g
         first = budget.due_s is None
@@ -250,8 +253,8 @@ def _choose(build: Callable[[int], Action], low: int, high: int, then: Callable[
             return seconds(action) / max(1, action.end - action.start) <= limit
 
         floor = _smallest(low, high, efficient)
-        # The floor gives way to this stream's own buffer.
-        chosen = max(chosen, min(floor, _largest(low, high, own)))
+        # The floor gives way to this stream's own buffer, unless that is too short for any step.
+        chosen = max(chosen, floor if not own(low) else min(floor, _largest(low, high, own)))
     return build(max(low, chosen))
 
 
