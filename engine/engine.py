@@ -154,9 +154,9 @@ class Engine:
             max_buffered_s=self.settings.max_buffered_audio_s, clock=self.scheduler.clock,
             on_end=self.scheduler.stream_ended, trim_leading_silence=trim_leading_silence,
         )
-        self.scheduler.admit(stream)
-        self.core.wake()
-        if text is not None:
+        if text is not None:  # before admission, which weighs how much audio it asks for
             stream.push_text(text)
             stream.close_input()
+        self.scheduler.admit(stream)
+        self.core.wake()
         return stream

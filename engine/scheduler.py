@@ -5,12 +5,15 @@ the next call, the runner runs it, ``complete`` applies the results. It keeps it
 streams have a step in flight, which calls run and when they should end) and touches streams only
 through their methods.
 
-- **Admission** compares demand with capacity, both from costs measured on this machine
-  (``engine/cost.py``): each stream with work left needs one second of audio per second, which
-  costs its voice's real-time factor in compute seconds; the runner slots give that many compute
-  seconds per second. A new stream that would take the demand past ``max_load`` of capacity waits
-  in the queue (past ``max_queued_streams``: ``Overloaded``, with a Retry-After from the rate at
-  which streams have been finishing), so admitted listeners never stall because of a newcomer.
+- **Admission** weighs what the admitted streams still need against what the runner slots make,
+  both from costs measured on this machine (``engine/cost.py``): each stream needs its next steps
+  before its listener runs out, then its voice's compute per second of audio for the audio it has
+  still to make (all of it while more text may come). A newcomer is admitted when ``max_load`` of
+  the slots' time serves all of them by those due times (``schedulable``: a stream far ahead of its
+  listener, or near its end, needs little), and fewer streams than runner slots are starting;
+  otherwise it waits in the queue (past ``max_queued_streams``: ``Overloaded``, with a Retry-After
+  from the rate at which streams have been finishing), so admitted listeners never stall because of
+  a newcomer.
 - **Order** and **call length** come from ``engine/policy.py``; the head stream's session sizes
   its step to the call budget (``VoiceSession.plan_step``).
 - **Batching**: other ready steps with the head's batch key share its call, up to
@@ -102,6 +105,44 @@ class Load:
         return sum(count / self.capacity[key] for key, count in self.demand.items() if key in self.capacity)
 
 
+@dataclass(frozen=True)
+class Need:
+    """What one stream needs of the runner slots, as admission sees it: compute seconds due by each time."""
+
+    start_s: float
+    """Compute of its smallest next step and those that must follow it before new audio."""
+    due_at: float
+    """When that audio is due: its listener runs out (or, owing first audio, as soon as those steps can run)."""
+    per_audio_s: float
+    """Compute seconds per second of audio after it (the voice's steady cost, measured here)."""
+    remaining_s: float
+    """Audio it has still to make (``math.inf`` while more text may come)."""
+
+    def by(self, t: float) -> float:
+        """Compute seconds it needs done by ``t`` for its listener to hear no gap."""
+        if t < self.due_at:
+            return 0.0
+        return self.start_s + self.per_audio_s * min(self.remaining_s, t - self.due_at)
+
+
+def schedulable(newcomer: Need, admitted: list[Need], slots_free_at: list[float], max_load: float) -> bool:
+    """Whether ``max_load`` of the runner slots' time (each slot free at its ``slots_free_at``) serves the admitted
+    streams and the newcomer by their due times, from the newcomer's first due time on (a demand-bound test, as
+    for earliest-deadline-first scheduling: demand and supply are piecewise linear, so it suffices to compare them
+    where either changes slope, and the steady rate of the streams whose input is open past that)."""
+    needs = [*admitted, newcomer]
+    if sum(n.per_audio_s for n in needs if math.isinf(n.remaining_s)) > max_load * len(slots_free_at):
+        return False
+    points = set(slots_free_at)
+    points.update(t for n in needs for t in (n.due_at, n.due_at + n.remaining_s) if math.isfinite(t))
+    for t in points:
+        if t >= newcomer.due_at:
+            supply = max_load * sum(max(0.0, t - free) for free in slots_free_at)
+            if sum(n.by(t) for n in needs) > supply + 1e-9:
+                return False
+    return True
+
+
 class Scheduler:
     def __init__(self, slots: int, limits: Limits, metrics: Metrics, costs: CostModel | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -125,7 +166,7 @@ class Scheduler:
 
     def admit(self, stream: SpeechStream) -> None:
         """Take a new stream: active when there is room for it, else queued; Overloaded past the queue."""
-        if not self.waiting and self._has_room_for(stream.voice):
+        if not self.waiting and self._has_room_for(stream):
             self.active.append(stream)
         elif len(self.waiting) < self.limits.max_queued_streams:
             self.waiting.append(stream)
@@ -134,18 +175,44 @@ class Scheduler:
             raise Overloaded(retry_after_s=self.retry_after_s())
         self._update_gauges()
 
-    def _has_room_for(self, voice: Voice) -> bool:
+    def _has_room_for(self, newcomer: SpeechStream) -> bool:
         if len(self.active) >= self.limits.max_active_streams:
             return False
-        load = self.load()
-        capacity = load.capacity.get(voice.cost_key)
-        if capacity is None or not load.demand:
+        now = self.clock()
+        slots_free_at = [max(now, b.started_at + b.estimate_s) for b in self.running]
+        slots_free_at += [now] * (self.slots - len(self.running))
+        own = self._need(newcomer, min(slots_free_at))
+        needs = [self._need(stream, min(slots_free_at)) for stream in self.active if self._needs_audio(stream)]
+        if own is None or not needs or None in needs:
             return True  # nothing measured yet, or nothing else needs the machine: serve it
-        if load.fraction + 1 / capacity > self.limits.max_load:
+        if not schedulable(own, needs, slots_free_at, self.limits.max_load):  # type: ignore[arg-type]
             return False
         # A start costs more than steady speech (first audio, then building a buffer): no more streams
         # starting at once than there are runner slots, so that those playing keep their buffers.
-        return self._starting(load.fraction) < self.slots
+        return self._starting(self.load().fraction) < self.slots
+
+    def _need(self, stream: SpeechStream, slot_free_at: float) -> Need | None:
+        """What ``stream`` needs of the runner slots from now on, from costs measured on this machine (as calls
+        cost while every slot is busy), when the first slot is free at ``slot_free_at``; None before any
+        measurement."""
+        voice = stream.voice
+        cost = self.costs.estimator(voice.cost_key, all_slots_busy=True)
+        per_audio = voice.compute_per_audio_s(cost) or self.costs.real_time_factor(voice.cost_key)
+        if not per_audio:
+            return None
+        remaining = stream.session.remaining_audio_s() if stream.input_closed else None
+        if remaining is None:
+            remaining = math.inf  # more text may come: it needs audio for as long as it lasts
+        # The least it needs before new audio: its smallest next step and those that must follow it.
+        step = stream.session.plan_step(StepBudget(0.0, None if stream.playback.owes_first_audio else 0.0, cost,
+                                                   self.safety()))
+        to_audio = 0.0
+        if step is not None:
+            to_audio = cost(step.kind, step.size) + sum(cost(kind, size) for kind, size in step.until_audio)
+        due_at = stream.playback.runs_out_at
+        if due_at is None:  # first audio: as soon as its steps can run, with the margin on estimates
+            due_at = slot_free_at + self.safety() * to_audio
+        return Need(to_audio, due_at, per_audio, remaining)
 
     def _starting(self, load: float) -> int:
         """Streams with work that are starting: they owe their first audio, or their listener's buffer, right
@@ -172,7 +239,7 @@ class Scheduler:
                 self._departures.append(now)
         for stream in [s for s in self.waiting if s.closed]:
             self.waiting.remove(stream)
-        while self.waiting and self._has_room_for(self.waiting[0].voice):
+        while self.waiting and self._has_room_for(self.waiting[0]):
             self.active.append(self.waiting.popleft())
         self._update_gauges()
 

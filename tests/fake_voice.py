@@ -169,6 +169,12 @@ class FakeSession(VoiceSession):
         return Step((action.kind, action.size), FakeFlow(action), self, size=action.size,
                     until_audio=((FakeDecode.kind, then.size),))
 
+    def remaining_audio_s(self) -> float | None:
+        frames = sum(len(text) * FRAMES_PER_CHAR for text in self.pending)
+        if self.progress is not None:
+            frames += self.progress.frames - self.progress.decoded
+        return frames * FRAME_S
+
     def complete(self, step: Step[FakePayload], result: Any) -> np.ndarray | None:
         payload = step.payload
         if isinstance(payload, FakeEncode):
@@ -243,10 +249,10 @@ class Simulation:
         stream = SpeechStream(self.voice, self.voice.open_session(SynthesisOptions()),
                               Segmenter(90, 300, "en"), SAMPLE_RATE, wake=lambda: None, clock=self.clock,
                               on_end=self.scheduler.stream_ended)
-        self.scheduler.admit(stream)
-        self.streams.append(stream)
         stream.push_text(text)
         stream.close_input()
+        self.scheduler.admit(stream)
+        self.streams.append(stream)
         return stream
 
     def at(self, time_s: float, action: Callable[[], None]) -> None:

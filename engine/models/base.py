@@ -150,6 +150,10 @@ class VoiceSession(ABC):
     def complete(self, step: Step, result: Any) -> np.ndarray | None:
         """Take a step's result; return float32 audio at the voice's rate that is now final."""
 
+    def remaining_audio_s(self) -> float | None:
+        """Estimated seconds of audio its queued segments will still make; None when the voice cannot tell."""
+        return None
+
     @property
     @abstractmethod
     def idle(self) -> bool:

@@ -189,9 +189,9 @@ class Planner:
         the size is the largest that fits the call budget and this stream's own buffer; but never below the
         size at which the machine keeps up with its load (each frame may cost at most ``1 / (load ×
         safety)`` times what it costs at the largest size), unless the stream's own buffer cannot wait for it.
-        A stream whose buffer is too short for even the least chunk (its listener waits whatever it takes, as
-        when the machine slows down under the streams it admitted) keeps that floor: small chunks cost more per
-        second of audio, and under load they would keep every stream behind.
+        A stream whose listener is already out of audio (as when the machine slows down under the streams it
+        admitted) keeps that floor: small chunks cost more per second of audio, and under load they would keep
+        every stream behind.
         """
         g = self.g
         first = budget.due_s is None
@@ -253,8 +253,9 @@ def _choose(build: Callable[[int], Action], low: int, high: int, then: Callable[
             return seconds(action) / max(1, action.end - action.start) <= limit
 
         floor = _smallest(low, high, efficient)
-        # The floor gives way to this stream's own buffer, unless that is too short for any step.
-        chosen = max(chosen, floor if not own(low) else min(floor, _largest(low, high, own)))
+        # The floor gives way to this stream's own buffer, unless its listener is already out of audio.
+        dry = budget.due_s is not None and budget.due_s <= 0
+        chosen = max(chosen, floor if dry else min(floor, _largest(low, high, own)))
     return build(max(low, chosen))
 
 

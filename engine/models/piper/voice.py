@@ -376,6 +376,19 @@ class PiperSession(VoiceSession):
         return Step((job.kind, v.info.id, action.size // 32), job, self, size=action.size,
                     until_audio=((DecodeJob.kind, then.size),))
 
+    def remaining_audio_s(self) -> float | None:
+        v = self.voice
+        frame_s = v.hop / v.info.sample_rate
+        frames = 0.0
+        if self.current is not None:
+            frames += self.current.frames - self.current.decoded
+        if self.pending:
+            if not v.frames_per_char:
+                return None  # not warmed up: no measure of how long its text speaks
+            speed = self.length_scale / v.config.length_scale
+            frames += sum(len(segment.text) for segment in self.pending) * v.frames_per_char * speed
+        return frames * frame_s
+
     def complete(self, step: PiperStep, result: Any) -> np.ndarray | None:
         payload = step.payload
         if isinstance(payload, EncodeJob):
