@@ -183,9 +183,10 @@ class Scheduler:
         slots_free_at += [now] * (self.slots - len(self.running))
         own = self._need(newcomer, min(slots_free_at))
         needs = [self._need(stream, min(slots_free_at)) for stream in self.active if self._needs_audio(stream)]
-        if own is None or not needs or None in needs:
+        measured = [need for need in needs if need is not None]
+        if own is None or not needs or len(measured) < len(needs):
             return True  # nothing measured yet, or nothing else needs the machine: serve it
-        if not schedulable(own, needs, slots_free_at, self.limits.max_load):  # type: ignore[arg-type]
+        if not schedulable(own, measured, slots_free_at, self.limits.max_load):
             return False
         # A start costs more than steady speech (first audio, then building a buffer): no more streams
         # starting at once than there are runner slots, so that those playing keep their buffers.
