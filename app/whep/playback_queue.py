@@ -130,18 +130,9 @@ class PlaybackQueue:
 
     def cancel(self) -> list[QueuedUtterance]:
         """Barge-in: stop the utterance playing and drop the queued ones; returns them."""
-        cancelled = list(self._pending)
-        self._pending.clear()
-        self._to_pump.clear()
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
-        self.track.clear()
+        cancelled = self._stop_all()
         self.track.expecting = False
         for utterance in cancelled:
-            if utterance.stream is not None:
-                utterance.stream.cancel()
-            utterance.state = "cancelled"
             played = self.track.speech_frames_sent - utterance.start_frame if utterance.first_frame_at else 0
             reached = delivered(utterance.words_played, max(0, played) * FRAME_S)
             self._send(utterance, "cancelled", audio_s=round(max(0, played) * FRAME_S, 3),
@@ -152,17 +143,23 @@ class PlaybackQueue:
     def close(self) -> None:
         """Free everything: streams cancelled, task stopped, nothing more is sent."""
         self.closed = True
-        for utterance in list(self._pending):
-            if utterance.stream is not None:
-                utterance.stream.cancel()
-            utterance.state = "cancelled"
+        for _ in self._stop_all():
             self._outcome("cancelled")
+
+    def _stop_all(self) -> list[QueuedUtterance]:
+        """Cancel every utterance's stream, stop the playback task and silence the track; returns them."""
+        stopped = list(self._pending)
         self._pending.clear()
         self._to_pump.clear()
         if self._task is not None:
             self._task.cancel()
             self._task = None
         self.track.clear()
+        for utterance in stopped:
+            if utterance.stream is not None:
+                utterance.stream.cancel()
+            utterance.state = "cancelled"
+        return stopped
 
     # -- playback -----------------------------------------------------------------------------------
 
