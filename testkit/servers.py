@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +17,8 @@ import httpx
 from testkit.polling import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
+PR_SET_PDEATHSIG = 1
+"""prctl(2): the signal a process gets when the thread that started it dies."""
 
 
 @dataclass
@@ -47,6 +52,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child terminated when the thread starting it ends (tests and benchmarks start
+    servers on their main thread: when the run dies), on Linux (None elsewhere): a run killed from outside, e.g.
+    for memory, leaves no server behind holding a port and the CPUs."""
+    if not sys.platform.startswith("linux"):
+        return None
+    parent = os.getpid()
+
+    def in_child() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the signal was asked for
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
+
+
 def _wait_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float = 90) -> None:
     def ready() -> bool:
         if process.poll() is not None:
@@ -74,9 +96,11 @@ def start_rtvoice(env: dict[str, str] | None = None, quiet: bool = True, log_fil
     command = command or [sys.executable, "-m", "rtvoice.app.cli", "serve"]
     if log_file is not None:
         with log_file.open("wb") as log:
-            process = subprocess.Popen(command, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(command, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                                       preexec_fn=die_with_parent())
     else:
-        process = subprocess.Popen(command, cwd=cwd, env=full_env, stdout=subprocess.DEVNULL if quiet else None)
+        process = subprocess.Popen(command, cwd=cwd, env=full_env, stdout=subprocess.DEVNULL if quiet else None,
+                                   preexec_fn=die_with_parent())
     url = f"http://127.0.0.1:{port}"
     _wait_ready(process, f"{url}/readyz")
     return Server(url, process)
@@ -87,7 +111,7 @@ def start_piper_http(model: Path) -> Server:
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "piper.http_server", "-m", str(model), "--host", "127.0.0.1", "--port", str(port)],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent(),
     )
     url = f"http://127.0.0.1:{port}"
     _wait_ready(process, f"{url}/info")
