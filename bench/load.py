@@ -79,10 +79,16 @@ class Target:
         return int(response.headers.get("x-sample-rate", "22050"))
 
 
-async def listen(target: Target, index: int, level: int, utterances: int, listener: Listener,
-                 join_s: float) -> None:
+def clients(count: int, timeout_s: float = 300) -> list[httpx.AsyncClient]:
+    """HTTP clients made before a row's clock starts: making one (its TLS context) holds this process's event loop
+    for tens of milliseconds, which listeners already playing would count as a stall of the server's."""
+    return [httpx.AsyncClient(timeout=timeout_s) for _ in range(count)]
+
+
+async def listen(target: Target, client: httpx.AsyncClient, index: int, level: int, utterances: int,
+                 listener: Listener, join_s: float) -> None:
     await asyncio.sleep(join_s * index / level)  # listeners join one by one over join_s
-    async with httpx.AsyncClient(timeout=300) as client:
+    async with client:
         for n in range(utterances):
             text = UTTERANCES[(index + n) % len(UTTERANCES)]
             start = time.perf_counter()
@@ -146,12 +152,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
-async def _watch_queue(server: Server | None, stop: asyncio.Event) -> int:
+async def _watch_queue(server: Server | None, client: httpx.AsyncClient, stop: asyncio.Event) -> int:
     """The most streams the server held queued while a row ran (polled from /metrics)."""
-    if server is None:
-        return 0
     most = 0
-    async with httpx.AsyncClient(timeout=5) as client:
+    async with client:
+        if server is None:
+            return 0
         while not stop.is_set():
             try:
                 text = (await client.get(f"{server.url}/metrics")).text
@@ -170,10 +176,12 @@ async def _watch_queue(server: Server | None, stop: asyncio.Event) -> int:
 async def run_row(name: str, target: Target, server: Server | None, level: int, utterances: int,
                   join_s: float) -> Row:
     listeners = [Listener() for _ in range(level)]
+    listener_clients = clients(level)
     stop = asyncio.Event()
-    watcher = asyncio.create_task(_watch_queue(server, stop))
+    watcher = asyncio.create_task(_watch_queue(server, clients(1, 5)[0], stop))
     start = time.perf_counter()
-    await asyncio.gather(*(listen(target, i, level, utterances, listeners[i], join_s) for i in range(level)))
+    await asyncio.gather(*(listen(target, listener_clients[i], i, level, utterances, listeners[i], join_s)
+                           for i in range(level)))
     wall = time.perf_counter() - start
     stop.set()
     ttfa = [t for listener in listeners for t in listener.ttfa_s]
@@ -211,13 +219,13 @@ def print_rows(title: str, rows: list[Row], reference: float | None = None) -> N
 # -- Piper's whole-WAV throughput -------------------------------------------------------------------
 
 
-async def piper_throughput(url: str, clients: int = PIPER_CLIENTS, requests_each: int = 2) -> float:
-    """Audio seconds per wall second of Piper's HTTP server with ``clients`` asking for whole WAVs at once."""
+async def piper_throughput(url: str, count: int = PIPER_CLIENTS, requests_each: int = 2) -> float:
+    """Audio seconds per wall second of Piper's HTTP server with ``count`` clients asking for whole WAVs at once."""
     audio = 0.0
 
-    async def client_loop(index: int) -> None:
+    async def client_loop(index: int, client: httpx.AsyncClient) -> None:
         nonlocal audio
-        async with httpx.AsyncClient(timeout=300) as client:
+        async with client:
             for n in range(requests_each):
                 response = await client.post(f"{url}/synthesize",
                                              json={"text": UTTERANCES[(index + n) % len(UTTERANCES)]})
@@ -227,8 +235,9 @@ async def piper_throughput(url: str, clients: int = PIPER_CLIENTS, requests_each
 
     async with httpx.AsyncClient(timeout=300) as client:  # warm its voice
         (await client.post(f"{url}/synthesize", json={"text": UTTERANCES[0]})).raise_for_status()
+    each = clients(count)
     start = time.perf_counter()
-    await asyncio.gather(*(client_loop(i) for i in range(clients)))
+    await asyncio.gather(*(client_loop(i, client) for i, client in enumerate(each)))
     return audio / (time.perf_counter() - start)
 
 
