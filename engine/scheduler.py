@@ -8,9 +8,11 @@ through their methods.
 - **Admission** weighs what the admitted streams still need against what the runner slots make,
   both from costs measured on this machine (``engine/cost.py``): each stream needs its next steps
   before its listener runs out, then its voice's compute per second of audio for the audio it has
-  still to make (all of it while more text may come). A newcomer is admitted when ``max_load`` of
-  the slots' time serves all of them by those due times (``schedulable``: a stream far ahead of its
-  listener, or near its end, needs little), and fewer streams than runner slots are starting;
+  still to make (all of it while more text may come), and, while it is starting, what its small
+  first chunks cost beyond that (``Voice.start_cost``, spread over their audio). A newcomer is
+  admitted when ``max_load`` of the slots' time serves all of them by those due times
+  (``schedulable``: a stream far ahead of its listener, or near its end, needs little), and fewer
+  streams than runner slots are starting;
   otherwise it waits in the queue (past ``max_queued_streams``: ``Overloaded``, with a Retry-After
   from the rate at which streams have been finishing), so admitted listeners never stall because of
   a newcomer.
@@ -117,12 +119,17 @@ class Need:
     """Compute seconds per second of audio after it (the voice's steady cost, measured here)."""
     remaining_s: float
     """Audio it has still to make (``math.inf`` while more text may come)."""
+    start_extra_s: float = 0.0
+    """What the rest of its start costs over the steady cost (small first chunks), spread over ``start_audio_s``."""
+    start_audio_s: float = 0.0
 
     def by(self, t: float) -> float:
         """Compute seconds it needs done by ``t`` for its listener to hear no gap."""
         if t < self.due_at:
             return 0.0
-        return self.start_s + self.per_audio_s * min(self.remaining_s, t - self.due_at)
+        audio = min(self.remaining_s, t - self.due_at)
+        start = self.start_extra_s * min(1.0, audio / self.start_audio_s) if self.start_audio_s > 0 else 0.0
+        return self.start_s + self.per_audio_s * audio + start
 
 
 def schedulable(newcomer: Need, admitted: list[Need], slots_free_at: list[float], max_load: float) -> bool:
@@ -134,7 +141,8 @@ def schedulable(newcomer: Need, admitted: list[Need], slots_free_at: list[float]
     if sum(n.per_audio_s for n in needs if math.isinf(n.remaining_s)) > max_load * len(slots_free_at):
         return False
     points = set(slots_free_at)
-    points.update(t for n in needs for t in (n.due_at, n.due_at + n.remaining_s) if math.isfinite(t))
+    points.update(t for n in needs for t in (n.due_at, n.due_at + n.start_audio_s, n.due_at + n.remaining_s)
+                  if math.isfinite(t))
     for t in points:
         if t >= newcomer.due_at:
             supply = max_load * sum(max(0.0, t - free) for free in slots_free_at)
@@ -213,7 +221,13 @@ class Scheduler:
         due_at = stream.playback.runs_out_at
         if due_at is None:  # first audio: as soon as its steps can run, with the margin on estimates
             due_at = slot_free_at + self.safety() * to_audio
-        return Need(to_audio, due_at, per_audio, remaining)
+        start = voice.start_cost(cost)
+        if start is None or start.audio_s <= 0:
+            return Need(to_audio, due_at, per_audio, remaining)
+        # The part of its start still ahead (by the audio it has made), with the margin on estimates.
+        start_left_s = max(0.0, min(start.audio_s - stream.playback.audio_s, remaining))
+        start_extra_s = self.safety() * start.extra_s * start_left_s / start.audio_s
+        return Need(to_audio, due_at, per_audio, remaining, start_extra_s, start_left_s)
 
     def _starting(self, load: float) -> int:
         """Streams with work that are starting: they owe their first audio, or their listener's buffer, right

@@ -22,8 +22,8 @@ import numpy as np
 
 from rtvoice.engine.core import EngineCore
 from rtvoice.engine.metrics import Metrics
-from rtvoice.engine.models.base import (CostEstimate, Step, StepBudget, StepPayload, SynthesisOptions, Voice, VoiceInfo,
-                                        VoiceSession)
+from rtvoice.engine.models.base import (CostEstimate, StartCost, Step, StepBudget, StepPayload, SynthesisOptions, Voice,
+                                        VoiceInfo, VoiceSession)
 from rtvoice.engine.models.piper.plan import ChunkPlan, DecodeChunk, FlowWindow, Geometry, Planner, Progress
 from rtvoice.engine.runner import BatchOutput
 from rtvoice.engine.scheduler import Batch, Limits, Scheduler
@@ -106,6 +106,9 @@ class FakeVoice(Voice):
 
     def largest_step_audio_s(self) -> float | None:
         return self.geometry.max_chunk * FRAME_S
+
+    def start_cost(self, cost: CostEstimate) -> StartCost | None:
+        return self.planner.start_cost(cost) if self.planner.compute_per_frame(cost) > 0 else None
 
     def compute_per_audio_s(self, cost: CostEstimate) -> float | None:
         per_frame = self.planner.compute_per_frame(cost)

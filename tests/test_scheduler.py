@@ -251,6 +251,24 @@ def test_admission_queues_past_capacity_and_admitted_listeners_never_stall() -> 
     assert audio / sim.clock.now > 0.8 * capacity
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_burst_past_capacity_on_a_slow_machine_does_not_collapse(seed: int) -> None:
+    """Forty listeners at once on a machine three times slower (five times what it makes), each call off its
+    estimate by seeded noise. Admission counts what a start costs beyond its audio's steady cost (small first
+    chunks, each paying its context again), so newcomers wait rather than drain those playing: no gap grows past
+    the noise of a call (on main, seeds 0 and 2 collapsed into gaps of 0.4 and 0.6 s, with 13 and 7 listeners
+    stalled)."""
+    voice = FakeVoice(Costs.piper_like(scale=3.0))
+    sim = Simulation(voice, noise=0.2, seed=seed)
+    sim.calibrate()
+    start = voice.start_cost(voice.costs)
+    assert start is not None and start.extra_s > 0 and start.audio_s > 0
+    listeners(sim, 40, 0.0)
+    sim.run()
+    assert len(sim.streams) == 80
+    assert max(s.playback.stall_s for s in sim.streams) < 0.1
+
+
 def test_streams_far_ahead_of_their_listeners_make_room_for_a_newcomer() -> None:
     """Admission weighs what admitted streams still need, not how many have work: streams that ran seconds ahead
     of their listeners while the machine had room need nothing for a while, so a newcomer starts at once even

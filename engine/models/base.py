@@ -108,6 +108,17 @@ class StepBudget:
 
 
 @dataclass(frozen=True)
+class StartCost:
+    """What a stream's start costs beyond its audio's steady cost: its first chunks are small, and each pays the
+    call's fixed cost and context again."""
+
+    extra_s: float
+    """Compute seconds over the steady cost of the same audio."""
+    audio_s: float
+    """Audio over which that is spent (the start's chunks, up to the first of the largest size)."""
+
+
+@dataclass(frozen=True)
 class SpokenTiming:
     """When one token of a segment's text (``engine.text.spoken_tokens``) is heard, as the voice knows it."""
 
@@ -189,6 +200,11 @@ class Voice(ABC):
     def compute_per_audio_s(self, cost: CostEstimate) -> float | None:
         """Compute seconds per second of audio at this voice's most efficient step sizes, from ``cost``; None
         when the voice cannot tell (the engine then uses the real-time factor it measured)."""
+        return None
+
+    def start_cost(self, cost: CostEstimate) -> StartCost | None:
+        """What a stream's start costs on top of the steady cost of its audio, from ``cost``; None when the voice
+        cannot tell (admission then counts the steady cost only)."""
         return None
 
     def largest_step_audio_s(self) -> float | None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from rtvoice.engine.models.base import CostEstimate, StepBudget
+from rtvoice.engine.models.base import CostEstimate, StartCost, StepBudget
 
 
 RAMP_GROWTH = 1.5
@@ -177,6 +177,20 @@ class Planner:
         decode = cost("decode", g.max_chunk + g.overlap + 2 * g.decoder_context) / g.max_chunk
         flow = cost("flow", g.max_window + 2 * g.flow_context) / g.max_window
         return decode + flow
+
+    def start_cost(self, cost: CostEstimate) -> StartCost:
+        """A segment's start over the steady cost of its audio: chunks growing by ``RAMP_GROWTH`` from the first
+        to the largest, each with a flow window of its own (an upper bound: the plan's windows grow faster)."""
+        g = self.g
+        steady = self.compute_per_frame(cost)
+        frames, extra, audio = g.first_chunk, 0.0, 0
+        while frames < g.max_chunk:
+            window = frames + g.overlap + g.decoder_context + 2 * g.flow_context
+            chunk = frames + g.overlap + 2 * g.decoder_context
+            extra += cost("flow", window) + cost("decode", chunk) - steady * frames
+            audio += frames
+            frames = max(frames + 1, round(RAMP_GROWTH * frames))
+        return StartCost(max(0.0, extra), audio * g.frame_s)
 
     # -- the plan -----------------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from rtvoice.engine.models.base import (
     CostEstimate,
     SegmentTimings,
     SpokenTiming,
+    StartCost,
     Step,
     StepBudget,
     StepPayload,
@@ -174,6 +175,11 @@ class PiperVoice(Voice):
 
     def largest_step_audio_s(self) -> float | None:
         return self.geometry.max_chunk * self.hop / self.info.sample_rate
+
+    def start_cost(self, cost: CostEstimate) -> StartCost | None:
+        if self.planner.compute_per_frame(cost) <= 0:
+            return None  # nothing measured yet
+        return self.planner.start_cost(cost)
 
     def compute_per_audio_s(self, cost: CostEstimate) -> float | None:
         per_frame = self.planner.compute_per_frame(cost)
