@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rtvoice.engine.models.base import (CostEstimate, SegmentTimings, Step, StepBudget, StepPayload, SynthesisOptions,
-                                        Voice, VoiceSession)
+from rtvoice.engine.models.base import (CostEstimate, SegmentTimings, StartCost, Step, StepBudget, StepPayload,
+                                        SynthesisOptions, Voice, VoiceSession)
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,9 @@ class FaultySession(VoiceSession):
     def segment_length_s(self) -> float | None:
         return self.inner.segment_length_s()
 
+    def remaining_audio_s(self) -> float | None:
+        return self.inner.remaining_audio_s()
+
 
 class FaultyVoice(Voice):
     """A voice whose calls raise ``InjectedFault``, or hang until ``released`` is set, when a marked step is among
@@ -159,6 +162,9 @@ class FaultyVoice(Voice):
 
     def largest_step_audio_s(self) -> float | None:
         return self.inner.largest_step_audio_s()
+
+    def start_cost(self, cost: CostEstimate) -> StartCost | None:
+        return self.inner.start_cost(cost)
 
     def validate(self, options: SynthesisOptions) -> None:
         self.inner.validate(options)

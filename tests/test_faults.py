@@ -28,8 +28,8 @@ from testkit.servers import REPO, start_rtvoice
 from rtvoice.engine.core import CallDeadlines, EngineCore
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import StreamFailed
-from rtvoice.engine.faults import FaultyVoice, parse_faults
-from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.faults import FaultySession, FaultyVoice, parse_faults
+from rtvoice.engine.models.base import SynthesisOptions, Voice, VoiceSession
 from rtvoice.engine.models.piper.voice import PiperVoice
 from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import SpeechStream
@@ -130,6 +130,15 @@ def test_the_hook_parses_and_is_off_by_default() -> None:
         with pytest.raises(ValueError):
             parse_faults(bad)
     assert EngineSettings(_env_file=None).fault_injection == ""
+
+
+@pytest.mark.parametrize("base,wrapper", [(Voice, FaultyVoice), (VoiceSession, FaultySession)])
+def test_the_faulty_voice_is_the_real_voice_in_every_hook(base: type, wrapper: type) -> None:
+    """Every method of ``Voice`` and ``VoiceSession`` (cost hooks included) is the wrapped one's: a hook left to
+    the base class's default would change how the engine schedules a voice under test."""
+    hooks = {name for name, member in vars(base).items()
+             if (callable(member) or isinstance(member, property)) and not name.startswith("_")}
+    assert hooks and not hooks - set(vars(wrapper))
 
 
 def test_http_body_that_fails_midway_is_cut_off_and_the_neighbour_is_whole(faulty: Server, fault: FaultTexts) -> None:
