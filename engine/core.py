@@ -109,27 +109,34 @@ class EngineCore:
             return self.deadlines.deadline_s(None)
         return self.deadlines.deadline_s(max(batch.estimate_s * self.scheduler.safety(), costs.longest_hold_s(key)))
 
-    async def _run(self, voice: Voice, payloads: Sequence[StepPayload]) -> BatchOutput:
-        """A call on the runner, its hold of the slot as the loop sees it recorded for the deadlines."""
+    async def _run(self, voice: Voice, payloads: Sequence[StepPayload], deadline_s: float,
+                   abandoned: str) -> BatchOutput:
+        """A call on the runner, abandoned past ``deadline_s`` (``CallAbandoned``, saying ``abandoned``: the runner
+        gives up its thread, so the slot is free now and a late result is dropped); its hold of the slot as the
+        loop sees it is recorded for the deadlines."""
         start = time.perf_counter()
-        output = await self.runner.run(voice, payloads)
+        try:
+            async with asyncio.timeout(deadline_s) as deadline:
+                output = await self.runner.run(voice, payloads)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            raise CallAbandoned(abandoned) from None
         self.scheduler.costs.observe_hold(voice.cost_key, time.perf_counter() - start)
         return output
 
     async def _execute(self, batch: Batch) -> None:
         deadline_s = self.deadline_s(batch)
         try:
-            async with asyncio.timeout(deadline_s) as deadline:
-                output = await self._run(batch.voice, batch.payloads)
+            output = await self._run(batch.voice, batch.payloads, deadline_s,
+                                     f"its {batch.kind} model call ran past its deadline of {deadline_s:.2f} s "
+                                     f"(estimated {batch.estimate_s:.3f} s) and was abandoned")
+        except CallAbandoned as abandoned:
+            self.scheduler.metrics.calls_abandoned.labels(batch.kind).inc()
+            self.scheduler.fail(batch, abandoned)  # its one log line
         except Exception as error:
-            if deadline.expired():  # the runner gave up its thread: the slot is free now, a late result dropped
-                self.scheduler.metrics.calls_abandoned.labels(batch.kind).inc()
-                self.scheduler.fail(batch, CallAbandoned(
-                    f"its {batch.kind} model call ran past its deadline of {deadline_s:.2f} s (estimated "
-                    f"{batch.estimate_s:.3f} s) and was abandoned"))  # its one log line
-            else:
-                log.exception("%s call failed", batch.kind)
-                self.scheduler.fail(batch, error)
+            log.exception("%s call failed", batch.kind)
+            self.scheduler.fail(batch, error)
         else:
             self.scheduler.complete(batch, output)
         finally:
@@ -160,14 +167,10 @@ class EngineCore:
             step = session.plan_step(budget)
             if step is None:
                 return
-            try:
-                async with asyncio.timeout(self.deadlines.max_s) as deadline:  # nothing measured yet: the cap
-                    output = await self._run(voice, [step.payload])
-            except TimeoutError:
-                if not deadline.expired():
-                    raise
-                raise CallAbandoned(f"calibrating voice {voice.info.id}: its {step.kind} model call ran past "
-                                    f"{self.deadlines.max_s:g} s (RTVOICE_MODEL_CALL_DEADLINE_MAX_S)") from None
+            output = await self._run(  # nothing measured yet: the cap
+                voice, [step.payload], self.deadlines.max_s,
+                f"calibrating voice {voice.info.id}: its {step.kind} model call ran past {self.deadlines.max_s:g} s "
+                "(RTVOICE_MODEL_CALL_DEADLINE_MAX_S)")
             costs.observe_call(voice.cost_key, step.kind, step.size, output.seconds, all_slots_busy=True)
             audio = session.complete(step, output.results[0])
             audio_s = 0.0 if audio is None else len(audio) / voice.info.sample_rate
