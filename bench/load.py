@@ -193,6 +193,8 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
     wall = time.perf_counter() - start
     stop.set()
     ttfa = [t for listener in listeners for t in listener.ttfa_s]
+    audio_s = sum(listener.audio_s for listener in listeners)
+    last_byte_s = max(listener.last_byte_at for listener in listeners) - start
     capacity = None
     if server is not None and target.route != "piper":
         capacity = server.metric("rtvoice_capacity_audio_seconds_per_second") or None
@@ -203,9 +205,8 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
         ttfa_p95=percentile(ttfa, 0.95),
         stalled=sum(1 for listener in listeners if listener.stalls),
         stall_s=sum(listener.stall_s for listener in listeners),
-        audio_per_s=sum(listener.audio_s for listener in listeners) / wall,
-        made_per_s=sum(listener.audio_s for listener in listeners)
-        / max(1e-9, max(listener.last_byte_at for listener in listeners) - start),
+        audio_per_s=audio_s / wall,
+        made_per_s=audio_s / last_byte_s if last_byte_s > 0 else 0.0,
         errors=sum(listener.errors for listener in listeners),
         rejected=sum(listener.rejected for listener in listeners),
         max_queued=await watcher,
@@ -222,8 +223,8 @@ def print_rows(title: str, rows: list[Row], reference: float | None = None) -> N
         ratio = f" {r.audio_per_s / reference:7.2f}" if reference else ""
         capacity = f"{r.capacity:8.1f}" if r.capacity else f"{'-':>8}"
         print(f"{r.name:24} {r.listeners:9d} {r.ttfa_p50 * 1e3:7.0f}ms {r.ttfa_p95 * 1e3:7.0f}ms {r.stalled:8d} "
-              f"{r.stall_s:8.2f} {r.audio_per_s:9.2f}{ratio} {r.made_per_s:8.2f} {r.errors:6d} {r.rejected:5d} {r.max_queued:6d} "
-              f"{capacity}")
+              f"{r.stall_s:8.2f} {r.audio_per_s:9.2f}{ratio} {r.made_per_s:8.2f} {r.errors:6d} {r.rejected:5d} "
+              f"{r.max_queued:6d} {capacity}")
 
 
 # -- Piper's whole-WAV throughput -------------------------------------------------------------------
