@@ -2,6 +2,7 @@
 
     python -m bench.load                  # the issue-9 targets (about 3 minutes on 2 cores)
     python -m bench.load --levels 1 8 16  # a sweep of listener counts instead; --batching-off and Piper too
+    python -m bench.load --levels 24 --join-seconds 0 --no-piper --timeline   # and each utterance's times
 
 A simulated listener asks for an utterance, plays it in real time from its first byte (a stall is a gap over
 20 ms with nothing to play) and asks for the next one when playback ends; listeners join one by one over
@@ -52,6 +53,19 @@ PIPER_CLIENTS = 16
 
 
 @dataclass
+class Utterance:
+    """One utterance's times, in seconds from the start of its row."""
+
+    listener: int
+    asked_s: float
+    first_byte_s: float
+    last_byte_s: float
+    played_s: float
+    """When its playback ended."""
+    audio_s: float
+
+
+@dataclass
 class Listener:
     ttfa_s: list[float] = field(default_factory=list)
     """Time to first audio of each utterance; the first one is asked for while all listeners join."""
@@ -62,6 +76,7 @@ class Listener:
     rejected: int = 0
     last_byte_at: float = 0.0
     """When the last byte of its last utterance arrived (``time.perf_counter``)."""
+    utterances: list[Utterance] = field(default_factory=list)
 
 
 @dataclass
@@ -89,13 +104,14 @@ def clients(count: int, timeout_s: float = 300) -> list[httpx.AsyncClient]:
 
 
 async def listen(target: Target, client: httpx.AsyncClient, index: int, level: int, utterances: int,
-                 listener: Listener, join_s: float) -> None:
+                 listener: Listener, join_s: float, row_start: float) -> None:
     await asyncio.sleep(join_s * index / level)  # listeners join one by one over join_s
     async with client:
         for n in range(utterances):
             text = UTTERANCES[(index + n) % len(UTTERANCES)]
             start = time.perf_counter()
             runs_out_at: float | None = None
+            first_byte_at, audio_before = 0.0, listener.audio_s
             header = WAV_HEADER if target.route == "piper" else 0
             try:
                 async with target.request(client, text) as response:
@@ -117,7 +133,7 @@ async def listen(target: Target, client: httpx.AsyncClient, index: int, level: i
                         seconds = len(chunk) / 2 / rate
                         if runs_out_at is None:
                             listener.ttfa_s.append(now - start)
-                            runs_out_at = now
+                            runs_out_at = first_byte_at = now
                         elif now > runs_out_at:
                             if now - runs_out_at > STALL_THRESHOLD_S:
                                 listener.stalls += 1
@@ -130,6 +146,9 @@ async def listen(target: Target, client: httpx.AsyncClient, index: int, level: i
                 listener.errors += 1
                 continue
             if runs_out_at is not None:
+                listener.utterances.append(Utterance(
+                    index, start - row_start, first_byte_at - row_start, listener.last_byte_at - row_start,
+                    runs_out_at - row_start, listener.audio_s - audio_before))
                 await asyncio.sleep(max(0.0, runs_out_at - time.perf_counter()))  # play to the end
 
 
@@ -151,6 +170,7 @@ class Row:
     max_queued: int
     capacity: float | None
     """The server's own estimate afterwards (audio s per s), when it is rtvoice."""
+    timeline: list[Utterance] = field(default_factory=list)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -188,7 +208,7 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
     stop = asyncio.Event()
     watcher = asyncio.create_task(_watch_queue(server, clients(1, 5)[0], stop))
     start = time.perf_counter()
-    await asyncio.gather(*(listen(target, listener_clients[i], i, level, utterances, listeners[i], join_s)
+    await asyncio.gather(*(listen(target, listener_clients[i], i, level, utterances, listeners[i], join_s, start)
                            for i in range(level)))
     wall = time.perf_counter() - start
     stop.set()
@@ -211,6 +231,7 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
         rejected=sum(listener.rejected for listener in listeners),
         max_queued=await watcher,
         capacity=capacity,
+        timeline=sorted((u for listener in listeners for u in listener.utterances), key=lambda u: u.asked_s),
     )
 
 
@@ -225,6 +246,15 @@ def print_rows(title: str, rows: list[Row], reference: float | None = None) -> N
         print(f"{r.name:24} {r.listeners:9d} {r.ttfa_p50 * 1e3:7.0f}ms {r.ttfa_p95 * 1e3:7.0f}ms {r.stalled:8d} "
               f"{r.stall_s:8.2f} {r.audio_per_s:9.2f}{ratio} {r.made_per_s:8.2f} {r.errors:6d} {r.rejected:5d} "
               f"{r.max_queued:6d} {capacity}")
+
+
+def print_timeline(row: Row) -> None:
+    """Each utterance of a row, in the order asked: when its first and last bytes came and its playback ended."""
+    print(f"\n{row.name}: each utterance, seconds from the row's start")
+    print(f"{'listener':>8} {'asked':>7} {'TTFA':>8} {'last byte':>9} {'played':>7} {'audio':>6}")
+    for u in row.timeline:
+        print(f"{u.listener:8d} {u.asked_s:7.2f} {(u.first_byte_s - u.asked_s) * 1e3:6.0f}ms {u.last_byte_s:9.2f} "
+              f"{u.played_s:7.2f} {u.audio_s:6.2f}")
 
 
 # -- Piper's whole-WAV throughput -------------------------------------------------------------------
@@ -319,7 +349,7 @@ def targets(env: dict[str, str], utterances: int) -> None:
 
 
 def sweep(levels: list[int], env: dict[str, str], utterances: int, join_s: float, batching_off: bool,
-          with_piper: bool, route: str) -> None:
+          with_piper: bool, route: str, timeline: bool = False) -> None:
     runs = [("rtvoice", env)]
     if batching_off:
         runs.append(("rtvoice, batching off", {**env, "RTVOICE_MAX_BATCH_SIZE": "1"}))
@@ -333,6 +363,9 @@ def sweep(levels: list[int], env: dict[str, str], utterances: int, join_s: float
         finally:
             server.stop()
         print_rows(name, rows)
+        if timeline:
+            for row in rows:
+                print_timeline(row)
     if with_piper:
         try:
             import flask  # noqa: F401
@@ -360,10 +393,13 @@ def main() -> None:
     parser.add_argument("--env", nargs="*", default=[], help="extra RTVOICE_X=Y settings for every rtvoice server")
     parser.add_argument("--batching-off", action="store_true", help="sweep: also with RTVOICE_MAX_BATCH_SIZE=1")
     parser.add_argument("--no-piper", action="store_true", help="sweep: leave Piper's HTTP server out")
+    parser.add_argument("--timeline", action="store_true",
+                        help="sweep: also each utterance's times (asked, first and last byte, end of playback)")
     args = parser.parse_args()
     env = dict(item.split("=", 1) for item in args.env)
     if args.levels:
-        sweep(args.levels, env, args.utterances, args.join_seconds, args.batching_off, not args.no_piper, args.route)
+        sweep(args.levels, env, args.utterances, args.join_seconds, args.batching_off, not args.no_piper, args.route,
+              args.timeline)
     else:
         targets(env, args.utterances)
 
