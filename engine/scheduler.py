@@ -39,7 +39,7 @@ from rtvoice.engine import policy
 from rtvoice.engine.cost import CostModel
 from rtvoice.engine.errors import Overloaded
 from rtvoice.engine.metrics import Metrics
-from rtvoice.engine.models.base import Step, StepBudget, StepPayload, Voice
+from rtvoice.engine.models.base import CostEstimate, StartCost, Step, StepBudget, StepPayload, Voice
 from rtvoice.engine.playback import Played
 from rtvoice.engine.runner import BatchOutput
 from rtvoice.engine.stream import SpeechStream, StreamState
@@ -151,6 +151,28 @@ def schedulable(newcomer: Need, admitted: list[Need], slots_free_at: list[float]
     return True
 
 
+@dataclass(frozen=True)
+class _VoiceRates:
+    """One voice's figures for admission, as measured calls cost while every runner slot is busy."""
+
+    cost: CostEstimate
+    per_audio_s: float
+    """Compute seconds per second of audio at its steady step sizes."""
+    start: StartCost | None
+    """What a start costs over that (``Voice.start_cost``); None when the voice cannot tell."""
+
+
+@dataclass(frozen=True)
+class _SmallestStep:
+    """A stream's smallest next step, as the policy and admission see it."""
+
+    step: Step
+    step_s: float
+    """Estimated seconds of its call."""
+    to_audio_s: float
+    """Estimated seconds from its start to the stream's next audio."""
+
+
 class Scheduler:
     def __init__(self, slots: int, limits: Limits, metrics: Metrics, costs: CostModel | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -189,9 +211,18 @@ class Scheduler:
         now = self.clock()
         slots_free_at = [max(now, b.started_at + b.estimate_s) for b in self.running]
         slots_free_at += [now] * (self.slots - len(self.running))
-        own = self._need(newcomer, min(slots_free_at))
-        needs = [self._need(stream, min(slots_free_at)) for stream in self.active if self._needs_audio(stream)]
-        measured = [need for need in needs if need is not None]
+        safety = self.safety()
+        rates: dict[Hashable, _VoiceRates | None] = {}  # each voice's figures once per test, not per stream
+
+        def need(stream: SpeechStream) -> Need | None:
+            key = stream.voice.cost_key
+            if key not in rates:
+                rates[key] = self._rates(stream.voice)
+            return self._need(stream, rates[key], min(slots_free_at), safety)
+
+        own = need(newcomer)
+        needs = [need(stream) for stream in self.active if self._needs_audio(stream)]
+        measured = [n for n in needs if n is not None]
         if own is None or not needs or len(measured) < len(needs):
             return True  # nothing measured yet, or nothing else needs the machine: serve it
         if not schedulable(own, measured, slots_free_at, self.limits.max_load):
@@ -200,34 +231,49 @@ class Scheduler:
         # starting at once than there are runner slots, so that those playing keep their buffers.
         return self._starting(self.load().fraction) < self.slots
 
-    def _need(self, stream: SpeechStream, slot_free_at: float) -> Need | None:
-        """What ``stream`` needs of the runner slots from now on, from costs measured on this machine (as calls
-        cost while every slot is busy), when the first slot is free at ``slot_free_at``; None before any
-        measurement."""
-        voice = stream.voice
+    def _rates(self, voice: Voice) -> _VoiceRates | None:
+        """``voice``'s figures for admission, from costs measured on this machine as calls cost while every slot is
+        busy; None before any measurement."""
         cost = self.costs.estimator(voice.cost_key, all_slots_busy=True)
         per_audio = voice.compute_per_audio_s(cost) or self.costs.real_time_factor(voice.cost_key)
         if not per_audio:
             return None
+        start = voice.start_cost(cost)
+        return _VoiceRates(cost, per_audio, start if start is not None and start.audio_s > 0 else None)
+
+    def _need(self, stream: SpeechStream, rates: _VoiceRates | None, slot_free_at: float,
+              safety: float) -> Need | None:
+        """What ``stream`` needs of the runner slots from now on, at its voice's ``rates`` and the margin ``safety``
+        on estimates, when the first slot is free at ``slot_free_at``; None before any measurement."""
+        if rates is None:
+            return None
         remaining = stream.session.remaining_audio_s() if stream.input_closed else None
         if remaining is None:
             remaining = math.inf  # more text may come: it needs audio for as long as it lasts
-        # The least it needs before new audio: its smallest next step and those that must follow it.
-        step = stream.session.plan_step(StepBudget(0.0, None if stream.playback.owes_first_audio else 0.0, cost,
-                                                   self.safety()))
-        to_audio = 0.0
-        if step is not None:
-            to_audio = cost(step.kind, step.size) + sum(cost(kind, size) for kind, size in step.until_audio)
+        smallest = self._smallest_step(stream, rates.cost, safety)
+        to_audio = smallest.to_audio_s if smallest is not None else 0.0
         due_at = stream.playback.runs_out_at
         if due_at is None:  # first audio: as soon as its steps can run, with the margin on estimates
-            due_at = slot_free_at + self.safety() * to_audio
-        start = voice.start_cost(cost)
-        if start is None or start.audio_s <= 0:
-            return Need(to_audio, due_at, per_audio, remaining)
+            due_at = slot_free_at + safety * to_audio
+        start = rates.start
+        if start is None:
+            return Need(to_audio, due_at, rates.per_audio_s, remaining)
         # The part of its start still ahead (by the audio it has made), with the margin on estimates.
         start_left_s = max(0.0, min(start.audio_s - stream.playback.audio_s, remaining))
-        start_extra_s = self.safety() * start.extra_s * start_left_s / start.audio_s
-        return Need(to_audio, due_at, per_audio, remaining, start_extra_s, start_left_s)
+        start_extra_s = safety * start.extra_s * start_left_s / start.audio_s
+        return Need(to_audio, due_at, rates.per_audio_s, remaining, start_extra_s, start_left_s)
+
+    @staticmethod
+    def _smallest_step(stream: SpeechStream, cost: CostEstimate, safety: float) -> _SmallestStep | None:
+        """The least ``stream`` needs to run before new audio: its smallest next step (nothing fits a zero budget),
+        with its call's and its time to audio (the steps that must follow it included) by ``cost``; None when it
+        has no step to run."""
+        budget = StepBudget(0.0, None if stream.playback.owes_first_audio else 0.0, cost, safety)
+        step = stream.session.plan_step(budget)
+        if step is None:
+            return None
+        step_s = cost(step.kind, step.size)
+        return _SmallestStep(step, step_s, step_s + sum(cost(kind, size) for kind, size in step.until_audio))
 
     def _starting(self, load: float) -> int:
         """Streams with work that are starting: they owe their first audio, or their listener's buffer, right
@@ -332,16 +378,11 @@ class Scheduler:
         for stream in self.active:
             if stream.id in self._busy or stream.closed or stream.throttled:
                 continue
-            cost = self.costs.estimator(stream.voice.cost_key)
-            # Its smallest step (nothing fits the budget), which is what it needs at least to have new audio.
-            smallest = StepBudget(0.0, None if stream.playback.owes_first_audio else 0.0, cost, safety)
-            step = stream.session.plan_step(smallest)
-            if step is None:
+            smallest = self._smallest_step(stream, self.costs.estimator(stream.voice.cost_key), safety)
+            if smallest is None:
                 continue
-            step_s = cost(step.kind, step.size)
-            to_audio_s = step_s + sum(cost(kind, size) for kind, size in step.until_audio)
-            ready.append(policy.Ready(stream.id, step, step_s, to_audio_s, stream.playback.runs_out_at,
-                                      stream.playback.owed_since))
+            ready.append(policy.Ready(stream.id, smallest.step, smallest.step_s, smallest.to_audio_s,
+                                      stream.playback.runs_out_at, stream.playback.owed_since))
             streams[stream.id] = stream
         if not ready:
             return None
