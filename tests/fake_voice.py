@@ -108,7 +108,7 @@ class FakeVoice(Voice):
         return self.geometry.max_chunk * FRAME_S
 
     def start_cost(self, cost: CostEstimate) -> StartCost | None:
-        return self.planner.start_cost(cost) if self.planner.compute_per_frame(cost) > 0 else None
+        return self.planner.start_cost(cost)
 
     def compute_per_audio_s(self, cost: CostEstimate) -> float | None:
         per_frame = self.planner.compute_per_frame(cost)

@@ -178,11 +178,14 @@ class Planner:
         flow = cost("flow", g.max_window + 2 * g.flow_context) / g.max_window
         return decode + flow
 
-    def start_cost(self, cost: CostEstimate) -> StartCost:
+    def start_cost(self, cost: CostEstimate) -> StartCost | None:
         """A segment's start over the steady cost of its audio: chunks growing by ``RAMP_GROWTH`` from the first
-        to the largest, each with a flow window of its own (an upper bound: the plan's windows grow faster)."""
+        to the largest, each with a flow window of its own (an upper bound: the plan's windows grow faster); None
+        before any cost is measured."""
         g = self.g
         steady = self.compute_per_frame(cost)
+        if steady <= 0:
+            return None
         frames, extra, audio = g.first_chunk, 0.0, 0
         while frames < g.max_chunk:
             window = frames + g.overlap + g.decoder_context + 2 * g.flow_context

@@ -177,8 +177,6 @@ class PiperVoice(Voice):
         return self.geometry.max_chunk * self.hop / self.info.sample_rate
 
     def start_cost(self, cost: CostEstimate) -> StartCost | None:
-        if self.planner.compute_per_frame(cost) <= 0:
-            return None  # nothing measured yet
         return self.planner.start_cost(cost)
 
     def compute_per_audio_s(self, cost: CostEstimate) -> float | None:
