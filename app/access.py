@@ -33,8 +33,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rtvoice.app.errors import HttpError, asgi_error, http_status
 from rtvoice.app.request_context import RequestRecord
-from rtvoice.engine.errors import EngineError
 from rtvoice.app.settings import Settings
+from rtvoice.engine.errors import EngineError
 
 log = logging.getLogger(__name__)
 

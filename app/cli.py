@@ -17,11 +17,11 @@ from pydantic import ValidationError
 
 from rtvoice.app import logs
 from rtvoice.app.fields import MAX_SPEED, MIN_SPEED
+from rtvoice.app.settings import Settings
 from rtvoice.engine.audio.encoding import FORMATS, AudioFormat, wav_header
 from rtvoice.engine.audio.resample import SUPPORTED_SAMPLE_RATES
 from rtvoice.engine.errors import EngineError
 from rtvoice.engine.models.base import SynthesisOptions
-from rtvoice.app.settings import Settings
 
 log = logging.getLogger("rtvoice.cli")
 

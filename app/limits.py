@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rtvoice.app.errors import HttpError, asgi_error
-from rtvoice.engine.errors import EngineError, Overloaded
 from rtvoice.app.settings import Settings
+from rtvoice.engine.errors import EngineError, Overloaded
 
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001

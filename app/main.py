@@ -21,8 +21,8 @@ from rtvoice.app.drain import Drain, DrainGate
 from rtvoice.app.limits import BodyLimit, OpenSockets, WebSocketLimits
 from rtvoice.app.metrics import RequestMetrics
 from rtvoice.app.request_context import RequestContext
-from rtvoice.engine.engine import Engine
 from rtvoice.app.settings import Settings
+from rtvoice.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from typing import Any
 from aiortc import RTCPeerConnection
 from prometheus_client import Gauge
 
+from rtvoice.app.settings import Settings
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import Overloaded
 from rtvoice.engine.models.base import Voice
-from rtvoice.app.settings import Settings
 
 from rtvoice.app.whep.ice import IceServer, link_headers, parse_ice_servers, rtc_configuration
 from rtvoice.app.whep.metrics import WhepMetrics
