@@ -10,7 +10,9 @@ A simulated listener asks for an utterance, plays it in real time from its first
 audio seconds delivered per wall second (to the end of the last playback), the same to the row's last byte
 ("made s/s": what the server made, counted as Piper's figure is, without the listeners' real-time playback of
 their last utterances), answers other than audio (errors), 503s, the most streams the server held queued while
-the row ran, and its own capacity estimate (``rtvoice_capacity_audio_seconds_per_second``) afterwards.
+the row ran, the p95 of their waits in its admission queue (the bound of the ``rtvoice_queue_wait_seconds``
+bucket that holds it: how much of TTFA was waiting for room rather than synthesis), and its own capacity estimate
+(``rtvoice_capacity_audio_seconds_per_second``) afterwards.
 
 The reference is Piper's own HTTP server (``piper-tts[http]``, same voice; ``make bench`` installs it): 16
 clients at once, each asking for whole WAVs back to back; its audio seconds per wall second is P. The targets,
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from rtvoice.engine.metrics import QUEUE_WAIT_BUCKETS
 from testkit.servers import Server, start_piper_http, start_rtvoice
 
 UTTERANCES = [
@@ -168,6 +171,8 @@ class Row:
     errors: int
     rejected: int
     max_queued: int
+    queue_wait_p95: float | None
+    """Upper bound of the server's queue-wait bucket holding the row's 95th percentile, when it is rtvoice."""
     capacity: float | None
     """The server's own estimate afterwards (audio s per s), when it is rtvoice."""
     timeline: list[Utterance] = field(default_factory=list)
@@ -201,8 +206,31 @@ async def _watch_queue(server: Server | None, client: httpx.AsyncClient, stop: a
     return most
 
 
+def _queue_waits(server: Server) -> dict[float, float]:
+    """The server's ``rtvoice_queue_wait_seconds`` histogram: streams admitted within each bucket's bound."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts: dict[float, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text):
+        for sample in family.samples:
+            if sample.name == "rtvoice_queue_wait_seconds_bucket":
+                counts[float(sample.labels["le"])] = sample.value
+    return counts
+
+
+def bucket_percentile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
+    """The smallest bucket bound under which ``q`` of the observations made between two snapshots fall."""
+    moved = {bound: count - before.get(bound, 0.0) for bound, count in after.items()}
+    total = moved.get(math.inf, 0.0)
+    if total <= 0:
+        return None
+    return min(bound for bound, count in moved.items() if count >= q * total)
+
+
 async def run_row(name: str, target: Target, server: Server | None, level: int, utterances: int,
                   join_s: float) -> Row:
+    rtvoice = server is not None and target.route != "piper"
+    waits_before = _queue_waits(server) if rtvoice else {}
     listeners = [Listener() for _ in range(level)]
     listener_clients = clients(level)
     stop = asyncio.Event()
@@ -215,9 +243,10 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
     ttfa = [t for listener in listeners for t in listener.ttfa_s]
     audio_s = sum(listener.audio_s for listener in listeners)
     last_byte_s = max(listener.last_byte_at for listener in listeners) - start
-    capacity = None
-    if server is not None and target.route != "piper":
+    capacity = queue_wait_p95 = None
+    if rtvoice:
         capacity = server.metric("rtvoice_capacity_audio_seconds_per_second") or None
+        queue_wait_p95 = bucket_percentile(waits_before, _queue_waits(server), 0.95)
     return Row(
         name=name,
         listeners=level,
@@ -230,6 +259,7 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
         errors=sum(listener.errors for listener in listeners),
         rejected=sum(listener.rejected for listener in listeners),
         max_queued=await watcher,
+        queue_wait_p95=queue_wait_p95,
         capacity=capacity,
         timeline=sorted((u for listener in listeners for u in listener.utterances), key=lambda u: u.asked_s),
     )
@@ -239,13 +269,23 @@ def print_rows(title: str, rows: list[Row], reference: float | None = None) -> N
     print(f"\n{title}")
     ref = f" {'x Piper':>7}" if reference else ""
     print(f"{'row':24} {'listeners':>9} {'TTFA p50':>9} {'TTFA p95':>9} {'stalled':>8} {'stall s':>8} "
-          f"{'audio s/s':>9}{ref} {'made s/s':>8} {'errors':>6} {'503s':>5} {'queued':>6} {'capacity':>8}")
+          f"{'audio s/s':>9}{ref} {'made s/s':>8} {'errors':>6} {'503s':>5} {'queued':>6} {'wait p95':>8} "
+          f"{'capacity':>8}")
     for r in rows:
         ratio = f" {r.audio_per_s / reference:7.2f}" if reference else ""
         capacity = f"{r.capacity:8.1f}" if r.capacity else f"{'-':>8}"
         print(f"{r.name:24} {r.listeners:9d} {r.ttfa_p50 * 1e3:7.0f}ms {r.ttfa_p95 * 1e3:7.0f}ms {r.stalled:8d} "
               f"{r.stall_s:8.2f} {r.audio_per_s:9.2f}{ratio} {r.made_per_s:8.2f} {r.errors:6d} {r.rejected:5d} "
-              f"{r.max_queued:6d} {capacity}")
+              f"{r.max_queued:6d} {wait_bound(r.queue_wait_p95):>8} {capacity}")
+
+
+def wait_bound(seconds: float | None) -> str:
+    """A queue-wait bucket bound as printed: "<=500ms", "<=2s", ">60s" past the last bound, "-" when not measured."""
+    if seconds is None:
+        return "-"
+    if not math.isfinite(seconds):
+        return f">{QUEUE_WAIT_BUCKETS[-1]:g}s"
+    return f"<={seconds:g}s" if seconds >= 1 else f"<={seconds * 1e3:.0f}ms"
 
 
 def print_timeline(row: Row) -> None:
@@ -335,7 +375,8 @@ def targets(env: dict[str, str], utterances: int) -> None:
     h, m, a, p, i = rows
     print("\ntargets (same run):")
     print(f"  half ({h.listeners}): {h.stalled} stalled (0), TTFA p95 {h.ttfa_p95 * 1e3:.0f} ms (<= 250)")
-    print(f"  80% ({m.listeners}): {m.stalled} stalled (0), TTFA p95 {m.ttfa_p95 * 1e3:.0f} ms (<= 500)")
+    print(f"  80% ({m.listeners}): {m.stalled} stalled (0), TTFA p95 {m.ttfa_p95 * 1e3:.0f} ms (<= 500); "
+          f"queue wait p95 {wait_bound(m.queue_wait_p95)}")
     print(f"  24 at once: {a.audio_per_s / piper:.2f} x Piper (>= 0.85); made to the last byte: "
           f"{a.made_per_s / piper:.2f} x Piper")
     print(f"  past capacity ({p.listeners}): {p.stalled} stalled (0); newcomers queued up to {p.max_queued}, "

@@ -5,6 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.35, 0.5, 0.75, 1.0, 2.0, 5.0)
+QUEUE_WAIT_BUCKETS = (*LATENCY_BUCKETS, 10.0, 30.0, 60.0)
+"""Past capacity, newcomers wait seconds to minutes (Retry-After is capped at a minute)."""
 RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
@@ -24,6 +26,10 @@ class Metrics:
         self.audio_seconds = Counter("rtvoice_audio_seconds", "Seconds of audio produced", ["voice"], registry=r)
         self.active_streams = Gauge("rtvoice_active_streams", "Streams being synthesised", registry=r)
         self.queued_streams = Gauge("rtvoice_queued_streams", "Streams waiting for a synthesis slot", registry=r)
+        self.queue_wait = Histogram(
+            "rtvoice_queue_wait_seconds", "Time a stream waited in the admission queue (0 when admitted at once)",
+            buckets=QUEUE_WAIT_BUCKETS, registry=r,
+        )
         self.capacity = Gauge(
             "rtvoice_capacity_audio_seconds_per_second",
             "Audio seconds per second this machine makes with a voice, from measured model-call costs", ["voice"],

@@ -15,7 +15,7 @@ through their methods.
   streams than runner slots are starting;
   otherwise it waits in the queue (past ``max_queued_streams``: ``Overloaded``, with a Retry-After
   from the rate at which streams have been finishing), so admitted listeners never stall because of
-  a newcomer.
+  a newcomer. Each admitted stream's wait is exported (``rtvoice_queue_wait_seconds``).
 - **Order** and **call length** come from ``engine/policy.py``; the head stream's session sizes
   its step to the call budget (``VoiceSession.plan_step``).
 - **Batching**: other ready steps with the head's batch key share its call, up to
@@ -188,6 +188,8 @@ class Scheduler:
         self._busy: set[int] = set()
         """Streams with a step in flight."""
         self._departures: deque[float] = deque(maxlen=DEPARTURES_KEPT)
+        self._queued_at: dict[int, float] = {}
+        """When each waiting stream joined the queue."""
         self._watched: set[str] = set()
         metrics.demand.set_function(lambda: sum(self.load().demand.values()))
         metrics.load.set_function(lambda: self.load().fraction)
@@ -198,8 +200,10 @@ class Scheduler:
         """Take a new stream: active when there is room for it, else queued; Overloaded past the queue."""
         if not self.waiting and self._has_room_for(stream):
             self.active.append(stream)
+            self.metrics.queue_wait.observe(0.0)
         elif len(self.waiting) < self.limits.max_queued_streams:
             self.waiting.append(stream)
+            self._queued_at[stream.id] = self.clock()
         else:
             self.metrics.rejected.inc()
             raise Overloaded(retry_after_s=self.retry_after_s())
@@ -300,8 +304,11 @@ class Scheduler:
                 self._departures.append(now)
         for stream in [s for s in self.waiting if s.closed]:
             self.waiting.remove(stream)
+            del self._queued_at[stream.id]
         while self.waiting and self._has_room_for(self.waiting[0]):
-            self.active.append(self.waiting.popleft())
+            stream = self.waiting.popleft()
+            self.active.append(stream)
+            self.metrics.queue_wait.observe(now - self._queued_at.pop(stream.id))
         self._update_gauges()
 
     def _finished(self, stream: SpeechStream) -> bool:
@@ -477,3 +484,4 @@ class Scheduler:
             stream.cancel()
         self.active.clear()
         self.waiting.clear()
+        self._queued_at.clear()

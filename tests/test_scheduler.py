@@ -246,6 +246,11 @@ def test_admission_queues_past_capacity_and_admitted_listeners_never_stall() -> 
     sim.run()
     assert most_queued > 0
     assert stalled(sim) == []
+    # Every stream's wait in the queue is exported, those admitted at once with 0.
+    registry = sim.scheduler.metrics.registry
+    assert registry.get_sample_value("rtvoice_queue_wait_seconds_count") == len(sim.streams)
+    assert registry.get_sample_value("rtvoice_queue_wait_seconds_bucket", {"le": "0.01"}) < len(sim.streams)
+    assert registry.get_sample_value("rtvoice_queue_wait_seconds_sum") > 0
     audio = sum(s.playback.audio_s for s in sim.streams)
     # Queueing does not waste the machine: it makes audio near its capacity while the queue is full.
     assert audio / sim.clock.now > 0.8 * capacity
@@ -396,6 +401,10 @@ def test_admission_limits_and_cancellation(start_server) -> None:  # type: ignor
                 b_chunks = b.iter_bytes()
                 assert len(next(b_chunks)) > 0
                 assert server.metric("rtvoice_active_streams") == 1 and server.metric("rtvoice_queued_streams") == 0
+                # A was admitted at once, B after its wait in the queue; refused requests never waited.
+                assert server.metric("rtvoice_queue_wait_seconds_count") == 2
+                assert server.metric("rtvoice_queue_wait_seconds_bucket", {"le": "0.01"}) == 1
+                assert server.metric("rtvoice_queue_wait_seconds_sum") > 0
                 # A queue place is free again: D is admitted (and waits behind B).
                 with httpx.stream("POST", f"{server.url}/inference_sft", data={"tts_text": SHORT},
                                   timeout=60) as d:
@@ -471,6 +480,7 @@ def test_metrics_parse_and_move(server: Server) -> None:
     assert moved("rtvoice_batch_size_count", kind="encode") >= 1
     assert moved("rtvoice_batch_size_count", kind="decode") >= 1
     assert moved("rtvoice_model_call_seconds_count", kind="flow") >= 1
+    assert moved("rtvoice_queue_wait_seconds_count") == 1  # the stream of the 200, not the refused request
     assert after["rtvoice_capacity_audio_seconds_per_second" + str(sorted(voice.items()))] > 0
     for name in ("rtvoice_active_streams", "rtvoice_queued_streams", "rtvoice_late_chunks_total",
                  "rtvoice_stall_seconds_total", "rtvoice_demand_audio_seconds_per_second", "rtvoice_load"):
