@@ -208,14 +208,7 @@ async def _watch_queue(server: Server | None, client: httpx.AsyncClient, stop: a
 
 def _queue_waits(server: Server) -> dict[float, float]:
     """The server's ``rtvoice_queue_wait_seconds`` histogram: streams admitted within each bucket's bound."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    counts: dict[float, float] = {}
-    for family in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text):
-        for sample in family.samples:
-            if sample.name == "rtvoice_queue_wait_seconds_bucket":
-                counts[float(sample.labels["le"])] = sample.value
-    return counts
+    return {float(labels["le"]): count for labels, count in server.samples("rtvoice_queue_wait_seconds_bucket")}
 
 
 def bucket_percentile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:

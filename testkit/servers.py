@@ -26,17 +26,18 @@ class Server:
     url: str
     process: subprocess.Popen[bytes]
 
-    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
-        """The sum of the samples of ``name`` in /metrics that carry ``labels`` (0 when absent)."""
+    def samples(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """Each sample of ``name`` in /metrics: its labels and value."""
         from prometheus_client.parser import text_string_to_metric_families
 
         text = httpx.get(f"{self.url}/metrics").text
-        total = 0.0
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
-                    total += sample.value
-        return total
+        return [(sample.labels, sample.value) for family in text_string_to_metric_families(text)
+                for sample in family.samples if sample.name == name]
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """The sum of the samples of ``name`` in /metrics that carry ``labels`` (0 when absent)."""
+        return sum(value for sample_labels, value in self.samples(name)
+                   if all(sample_labels.get(k) == v for k, v in (labels or {}).items()))
 
     def stop(self) -> None:
         self.process.terminate()
