@@ -188,8 +188,6 @@ class Scheduler:
         self._busy: set[int] = set()
         """Streams with a step in flight."""
         self._departures: deque[float] = deque(maxlen=DEPARTURES_KEPT)
-        self._queued_at: dict[int, float] = {}
-        """When each waiting stream joined the queue."""
         self._watched: set[str] = set()
         metrics.demand.set_function(lambda: sum(self.load().demand.values()))
         metrics.load.set_function(lambda: self.load().fraction)
@@ -203,7 +201,6 @@ class Scheduler:
             self.metrics.queue_wait.observe(0.0)
         elif len(self.waiting) < self.limits.max_queued_streams:
             self.waiting.append(stream)
-            self._queued_at[stream.id] = self.clock()
         else:
             self.metrics.rejected.inc()
             raise Overloaded(retry_after_s=self.retry_after_s())
@@ -304,11 +301,10 @@ class Scheduler:
                 self._departures.append(now)
         for stream in [s for s in self.waiting if s.closed]:
             self.waiting.remove(stream)
-            del self._queued_at[stream.id]
         while self.waiting and self._has_room_for(self.waiting[0]):
             stream = self.waiting.popleft()
             self.active.append(stream)
-            self.metrics.queue_wait.observe(now - self._queued_at.pop(stream.id))
+            self.metrics.queue_wait.observe(now - stream.created_at)  # it joined the queue as it arrived
         self._update_gauges()
 
     def _finished(self, stream: SpeechStream) -> bool:
@@ -484,4 +480,3 @@ class Scheduler:
             stream.cancel()
         self.active.clear()
         self.waiting.clear()
-        self._queued_at.clear()
