@@ -150,6 +150,23 @@ class Planner:
     def first_window_size(self) -> int:
         return self.g.first_chunk + self.g.overlap + self.g.decoder_context + self.g.flow_context
 
+    def chunk_size(self, frames: int) -> int:
+        """Latent frames a decoder chunk of ``frames`` reads inside a segment: its cross-fade tail, and the
+        decoder's context on both sides."""
+        return frames + self.g.overlap + 2 * self.g.decoder_context
+
+    def window_size(self, frames: int) -> int:
+        """Frames a flow window that makes ``frames`` latent frames reads inside a segment: the flow's context on
+        both sides."""
+        return frames + 2 * self.g.flow_context
+
+    def chunk_cost(self, cost: CostEstimate, frames: int) -> float:
+        """Seconds to make a chunk of ``frames`` inside a segment with a flow window of its own (the latent it needs:
+        its frames, cross-fade tail and the decoder's right context)."""
+        g = self.g
+        flow = cost("flow", self.window_size(frames + g.overlap + g.decoder_context))
+        return flow + cost("decode", self.chunk_size(frames))
+
     def least_chunk(self, budget: StepBudget) -> int:
         """Frames of the smallest chunk (a first one, or one under pressure): the configured first chunk, or
         more where the machine is too slow to grow from it.
@@ -163,10 +180,7 @@ class Planner:
             return g.first_chunk  # a budget nothing fits: the configured size
 
         def grows(n: int) -> bool:
-            after = round(RAMP_GROWTH * n)
-            window = after + g.overlap + g.decoder_context + 2 * g.flow_context
-            chunk = after + g.overlap + 2 * g.decoder_context
-            return budget.safety * (budget.cost("flow", window) + budget.cost("decode", chunk)) <= n * g.frame_s
+            return budget.safety * self.chunk_cost(budget.cost, round(RAMP_GROWTH * n)) <= n * g.frame_s
 
         frames = _smallest(g.first_chunk, g.max_chunk, grows)
         return frames if grows(frames) else g.max_chunk
@@ -174,8 +188,8 @@ class Planner:
     def compute_per_frame(self, cost: CostEstimate) -> float:
         """Compute seconds per frame of audio at the largest window and chunk (the voice's steady cost)."""
         g = self.g
-        decode = cost("decode", g.max_chunk + g.overlap + 2 * g.decoder_context) / g.max_chunk
-        flow = cost("flow", g.max_window + 2 * g.flow_context) / g.max_window
+        decode = cost("decode", self.chunk_size(g.max_chunk)) / g.max_chunk
+        flow = cost("flow", self.window_size(g.max_window)) / g.max_window
         return decode + flow
 
     def start_cost(self, cost: CostEstimate) -> StartCost | None:
@@ -188,9 +202,7 @@ class Planner:
             return None
         frames, extra, audio = g.first_chunk, 0.0, 0
         while frames < g.max_chunk:
-            window = frames + g.overlap + g.decoder_context + 2 * g.flow_context
-            chunk = frames + g.overlap + 2 * g.decoder_context
-            extra += cost("flow", window) + cost("decode", chunk) - steady * frames
+            extra += self.chunk_cost(cost, frames) - steady * frames
             audio += frames
             frames = max(frames + 1, round(RAMP_GROWTH * frames))
         return StartCost(max(0.0, extra), audio * g.frame_s)
@@ -225,14 +237,14 @@ class Planner:
             else:
                 room = p.flowed - g.overlap - g.decoder_context - p.decoded
             largest = max(least, min(g.max_chunk, room))
-            steady = (g.max_chunk, g.max_chunk + g.overlap + 2 * g.decoder_context)
+            steady = (g.max_chunk, self.chunk_size(g.max_chunk))
             return _choose(lambda n: self.chunk(p, self.chunk_end(p, n)), least, largest, lambda chunk: 0.0, steady,
                            budget)
         window = self.window(p, smallest.hi)
         if first:
             return window  # first audio: just what the first chunk needs
         then = budget.cost("decode", smallest.size)
-        steady = (g.max_window, g.max_window + 2 * g.flow_context)
+        steady = (g.max_window, self.window_size(g.max_window))
         largest = max(smallest.hi - p.flowed, min(g.max_window, p.frames - p.flowed))
         return _choose(lambda n: self.window(p, self.window_end(p, n)), smallest.hi - p.flowed, largest,
                        lambda window: then, steady, budget)
