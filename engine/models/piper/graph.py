@@ -121,10 +121,10 @@ def split(model: onnx.ModelProto) -> PiperGraphs:
     """Cut ``model`` into encoder, flow and decoder stages."""
     graph = model.graph
     inferred = onnx.shape_inference.infer_shapes(model).graph
-    values = list(inferred.value_info) + list(inferred.input) + list(inferred.output)
-    elem_types = {v.name: v.type.tensor_type.elem_type for v in values}
-    # A stage input's rank where it is known (its sizes left open), for rewrites that need it (``layout.py``).
-    shapes = {v.name: [None] * len(v.type.tensor_type.shape.dim) for v in values if v.type.tensor_type.HasField("shape")}
+    elem_types = {
+        v.name: v.type.tensor_type.elem_type
+        for v in list(inferred.value_info) + list(inferred.input) + list(inferred.output)
+    }
     nodes = list(graph.node)
     producer = {t: i for i, n in enumerate(nodes) for t in n.output if t}
     consumers: dict[str, list[int]] = {}
@@ -190,7 +190,7 @@ def split(model: onnx.ModelProto) -> PiperGraphs:
         g = helper.make_graph(
             stage_nodes,
             f"piper_{name}",
-            [helper.make_tensor_value_info(t, elem_types.get(t, onnx.TensorProto.FLOAT), shapes.get(t)) for t in inputs],
+            [helper.make_tensor_value_info(t, elem_types.get(t, onnx.TensorProto.FLOAT), None) for t in inputs],
             [helper.make_tensor_value_info(t, elem_types.get(t, onnx.TensorProto.FLOAT), None) for t in outputs],
             initializer=used_inits,
         )
