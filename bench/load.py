@@ -9,7 +9,9 @@ A simulated listener asks for an utterance, plays it in real time from its first
 ``--join-seconds``. Each row gives TTFA p50/p95 (first byte), listeners that stalled and their stall seconds,
 audio seconds delivered per wall second (to the end of the last playback), the same to the row's last byte
 ("made s/s": what the server made, counted as Piper's figure is, without the listeners' real-time playback of
-their last utterances), answers other than audio (errors), 503s, the most streams the server held queued while
+their last utterances), the most the first figure could be with these listeners and utterances ("playable": every
+utterance's audio there the moment it is asked for, so that real-time playback is all that takes time; 24 listeners
+cannot play more than 24 audio seconds per second whatever the server makes), answers other than audio (errors), 503s, the most streams the server held queued while
 the row ran, the p95 of their waits in its admission queue (the bound of the ``rtvoice_queue_wait_seconds``
 bucket that holds it: how much of TTFA was waiting for room rather than synthesis), and its own capacity estimate
 (``rtvoice_capacity_audio_seconds_per_second``) afterwards.
@@ -168,6 +170,9 @@ class Row:
     made_per_s: float
     """Audio delivered per second to the row's last byte: what the server made, as Piper's figure counts it (to its
     last WAV), without the real-time playback of the last utterances."""
+    playable_per_s: float
+    """The most ``audio_per_s`` could be with these listeners and utterances: every utterance's audio there the moment
+    it is asked for, so each listener plays from its join to the end of its last utterance without a pause."""
     errors: int
     rejected: int
     max_queued: int
@@ -236,6 +241,8 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
     ttfa = [t for listener in listeners for t in listener.ttfa_s]
     audio_s = sum(listener.audio_s for listener in listeners)
     last_byte_s = max(listener.last_byte_at for listener in listeners) - start
+    playing_s = max(join_s * i / level + sum(u.audio_s for u in listener.utterances)
+                    for i, listener in enumerate(listeners))
     capacity = queue_wait_p95 = None
     if rtvoice:
         capacity = server.metric("rtvoice_capacity_audio_seconds_per_second") or None
@@ -249,6 +256,7 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
         stall_s=sum(listener.stall_s for listener in listeners),
         audio_per_s=audio_s / wall,
         made_per_s=audio_s / last_byte_s if last_byte_s > 0 else 0.0,
+        playable_per_s=audio_s / playing_s if playing_s > 0 else 0.0,
         errors=sum(listener.errors for listener in listeners),
         rejected=sum(listener.rejected for listener in listeners),
         max_queued=await watcher,
@@ -262,13 +270,13 @@ def print_rows(title: str, rows: list[Row], reference: float | None = None) -> N
     print(f"\n{title}")
     ref = f" {'x Piper':>7}" if reference else ""
     print(f"{'row':24} {'listeners':>9} {'TTFA p50':>9} {'TTFA p95':>9} {'stalled':>8} {'stall s':>8} "
-          f"{'audio s/s':>9}{ref} {'made s/s':>8} {'errors':>6} {'503s':>5} {'queued':>6} {'wait p95':>8} "
+          f"{'audio s/s':>9}{ref} {'made s/s':>8} {'playable':>8} {'errors':>6} {'503s':>5} {'queued':>6} {'wait p95':>8} "
           f"{'capacity':>8}")
     for r in rows:
         ratio = f" {r.audio_per_s / reference:7.2f}" if reference else ""
         capacity = f"{r.capacity:8.1f}" if r.capacity else f"{'-':>8}"
         print(f"{r.name:24} {r.listeners:9d} {r.ttfa_p50 * 1e3:7.0f}ms {r.ttfa_p95 * 1e3:7.0f}ms {r.stalled:8d} "
-              f"{r.stall_s:8.2f} {r.audio_per_s:9.2f}{ratio} {r.made_per_s:8.2f} {r.errors:6d} {r.rejected:5d} "
+              f"{r.stall_s:8.2f} {r.audio_per_s:9.2f}{ratio} {r.made_per_s:8.2f} {r.playable_per_s:8.2f} {r.errors:6d} {r.rejected:5d} "
               f"{r.max_queued:6d} {wait_bound(r.queue_wait_p95):>8} {capacity}")
 
 
@@ -371,7 +379,8 @@ def targets(env: dict[str, str], utterances: int) -> None:
     print(f"  80% ({m.listeners}): {m.stalled} stalled (0), TTFA p95 {m.ttfa_p95 * 1e3:.0f} ms (<= 500); "
           f"queue wait p95 {wait_bound(m.queue_wait_p95)}")
     print(f"  24 at once: {a.audio_per_s / piper:.2f} x Piper (>= 0.85); made to the last byte: "
-          f"{a.made_per_s / piper:.2f} x Piper")
+          f"{a.made_per_s / piper:.2f} x Piper; at most {a.playable_per_s / piper:.2f} x Piper can be played by these "
+          f"listeners (every byte there when asked)")
     print(f"  past capacity ({p.listeners}): {p.stalled} stalled (0); newcomers queued up to {p.max_queued}, "
           f"{p.rejected} got 503")
     print(f"  issue case: {i.stalled} stalled (0), TTFA p95 {i.ttfa_p95 * 1e3:.0f} ms")
