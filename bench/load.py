@@ -11,10 +11,10 @@ audio seconds delivered per wall second (to the end of the last playback), the s
 ("made s/s": what the server made, counted as Piper's figure is, without the listeners' real-time playback of
 their last utterances), the most the first figure could be with these listeners and utterances ("playable": every
 utterance's audio there the moment it is asked for, so that real-time playback is all that takes time; 24 listeners
-cannot play more than 24 audio seconds per second whatever the server makes), answers other than audio (errors), 503s, the most streams the server held queued while
-the row ran, the p95 of their waits in its admission queue (the bound of the ``rtvoice_queue_wait_seconds``
-bucket that holds it: how much of TTFA was waiting for room rather than synthesis), and its own capacity estimate
-(``rtvoice_capacity_audio_seconds_per_second``) afterwards.
+cannot play more than 24 audio seconds per second whatever the server makes), answers other than audio (errors),
+503s, the most streams the server held queued while the row ran, the p95 of their waits in its admission queue (the
+bound of the ``rtvoice_queue_wait_seconds`` bucket that holds it: how much of TTFA was waiting for room rather than
+synthesis), and its own capacity estimate (``rtvoice_capacity_audio_seconds_per_second``) afterwards.
 
 The reference is Piper's own HTTP server (``piper-tts[http]``, same voice; ``make bench`` installs it): 16
 clients at once, each asking for whole WAVs back to back; its audio seconds per wall second is P. The targets,

@@ -73,8 +73,8 @@ def conditioned_decoder(opset: int) -> Stage:
         weight("post_w", 1, 8, 7), numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two"),
         numpy_helper.from_array(np.array([1], dtype=np.int64), "axis_one"),
     ]
-    graph = helper.make_graph(nodes, "decoder", inputs, [helper.make_tensor_value_info("output", TensorProto.FLOAT, None)],
-                              initializer=initializers)
+    output = helper.make_tensor_value_info("output", TensorProto.FLOAT, None)
+    graph = helper.make_graph(nodes, "decoder", inputs, [output], initializer=initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     return Stage(model=model.SerializeToString(), inputs=["latent", "speaker"], outputs=["output"])

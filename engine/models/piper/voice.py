@@ -173,7 +173,8 @@ class PiperVoice(Voice):
         self.frames_per_char: float | None = None
         """Frames of speech per character of text, from the warm-up sentence (for the encoder's share of cost)."""
 
-    def _fastest_decoder(self, options: onnxruntime.SessionOptions, providers: list[str]) -> onnxruntime.InferenceSession:
+    def _fastest_decoder(self, options: onnxruntime.SessionOptions,
+                         providers: list[str]) -> onnxruntime.InferenceSession:
         """The decoder as exported, or with its convolutions run as 2-D ones (``layout.py``) when that gives the same
         audio and is faster here, timed on a chunk of the largest size the plan makes."""
         exported = onnxruntime.InferenceSession(self.graphs.decoder.model, options, providers=providers)
