@@ -270,14 +270,14 @@ def print_rows(title: str, rows: list[Row], reference: float | None = None) -> N
     print(f"\n{title}")
     ref = f" {'x Piper':>7}" if reference else ""
     print(f"{'row':24} {'listeners':>9} {'TTFA p50':>9} {'TTFA p95':>9} {'stalled':>8} {'stall s':>8} "
-          f"{'audio s/s':>9}{ref} {'made s/s':>8} {'playable':>8} {'errors':>6} {'503s':>5} {'queued':>6} {'wait p95':>8} "
-          f"{'capacity':>8}")
+          f"{'audio s/s':>9}{ref} {'made s/s':>8} {'playable':>8} {'errors':>6} {'503s':>5} {'queued':>6} "
+          f"{'wait p95':>8} {'capacity':>8}")
     for r in rows:
         ratio = f" {r.audio_per_s / reference:7.2f}" if reference else ""
         capacity = f"{r.capacity:8.1f}" if r.capacity else f"{'-':>8}"
         print(f"{r.name:24} {r.listeners:9d} {r.ttfa_p50 * 1e3:7.0f}ms {r.ttfa_p95 * 1e3:7.0f}ms {r.stalled:8d} "
-              f"{r.stall_s:8.2f} {r.audio_per_s:9.2f}{ratio} {r.made_per_s:8.2f} {r.playable_per_s:8.2f} {r.errors:6d} {r.rejected:5d} "
-              f"{r.max_queued:6d} {wait_bound(r.queue_wait_p95):>8} {capacity}")
+              f"{r.stall_s:8.2f} {r.audio_per_s:9.2f}{ratio} {r.made_per_s:8.2f} {r.playable_per_s:8.2f} "
+              f"{r.errors:6d} {r.rejected:5d} {r.max_queued:6d} {wait_bound(r.queue_wait_p95):>8} {capacity}")
 
 
 def wait_bound(seconds: float | None) -> str:
