@@ -39,7 +39,7 @@ from rtvoice.engine import policy
 from rtvoice.engine.cost import CostModel
 from rtvoice.engine.errors import Overloaded
 from rtvoice.engine.metrics import Metrics
-from rtvoice.engine.models.base import CostEstimate, StartCost, Step, StepBudget, StepPayload, Voice
+from rtvoice.engine.models.base import CostEstimate, StartCost, Step, StepBudget, StepPayload, Voice, still_starting
 from rtvoice.engine.playback import Played
 from rtvoice.engine.runner import BatchOutput
 from rtvoice.engine.stream import SpeechStream, StreamState
@@ -285,8 +285,8 @@ class Scheduler:
             if not self._needs_audio(stream):
                 continue
             playback = stream.playback
-            step_audio = stream.voice.largest_step_audio_s()
-            if playback.owes_first_audio or (step_audio is not None and playback.buffered_s < load * step_audio):
+            buffered = None if playback.owes_first_audio else playback.buffered_s
+            if still_starting(buffered, load, stream.voice.largest_step_audio_s()):
                 count += 1
         return count
 

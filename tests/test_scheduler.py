@@ -19,8 +19,8 @@ from rtvoice.engine import policy
 from rtvoice.engine.cost import CostModel, LinearFit
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import Overloaded
-from rtvoice.engine.models.base import Step, SynthesisOptions
-from rtvoice.engine.models.piper.plan import DecodeChunk
+from rtvoice.engine.models.base import Step, StepBudget, SynthesisOptions
+from rtvoice.engine.models.piper.plan import DecodeChunk, FlowWindow, Progress
 from rtvoice.engine.metrics import Metrics
 from rtvoice.engine.scheduler import Limits, Scheduler
 from rtvoice.engine.settings import EngineSettings
@@ -181,6 +181,29 @@ def test_a_lone_stream_starts_small_and_grows_to_the_largest_chunks() -> None:
     largest = voice.geometry.max_chunk
     assert chunks.index(largest) <= 4 and max(chunks) < 1.5 * largest  # (a short remainder joins a chunk)
     assert not stream.playback.late_chunks
+
+
+def test_a_starting_stream_flows_no_further_ahead_than_its_next_full_chunk() -> None:
+    """After its first chunk, a stream holding less than a round of the machine (load × the largest chunk's audio)
+    gets a flow window for one full-size chunk, so its start is not held up by flowing seconds ahead; with a buffer
+    past that round, or with its listener already out of audio (the machine slowed: efficiency first), the window is
+    as large as the budget allows."""
+    voice = FakeVoice()
+    g, planner, costs = voice.geometry, voice.planner, Costs()
+    frames = 6 * g.max_window  # a long segment: every window size is open to the plan
+    after_first = Progress(frames, planner.first_window_size() - g.flow_context, g.first_chunk)
+    round_s = 0.8 * g.max_chunk * g.frame_s
+
+    def window(due_s: float) -> FlowWindow:
+        action = planner.next(after_first, StepBudget(math.inf, due_s, costs, safety=1.5, load=0.8))
+        assert isinstance(action, FlowWindow)
+        return action
+
+    full_chunk = planner.chunk(after_first, planner.chunk_end(after_first, g.max_chunk))
+    starting = window(0.5 * round_s)
+    assert full_chunk.hi <= starting.end < full_chunk.hi + g.max_chunk // 2
+    assert window(2 * round_s).end - after_first.flowed == g.max_window
+    assert window(-0.1).end - after_first.flowed == g.max_window
 
 
 def test_a_slower_machine_gets_a_larger_first_chunk_only_when_it_must() -> None:

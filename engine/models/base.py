@@ -107,6 +107,15 @@ class StepBudget:
 
 
 
+def still_starting(buffered_s: float | None, load: float, largest_step_audio_s: float | None) -> bool:
+    """Whether a stream is still starting: it owes its first audio (``buffered_s`` None), or its listener holds less
+    than one round of the machine, the time the machine needs to serve every admitted stream once at the voice's
+    largest step (``load`` × that step's audio)."""
+    if buffered_s is None:
+        return True
+    return largest_step_audio_s is not None and buffered_s < load * largest_step_audio_s
+
+
 @dataclass(frozen=True)
 class StartCost:
     """What a stream's start costs beyond its audio's steady cost: its first chunks are small, and each pays the

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from rtvoice.engine.models.base import CostEstimate, StartCost, StepBudget
+from rtvoice.engine.models.base import CostEstimate, StartCost, StepBudget, still_starting
 
 
 RAMP_GROWTH = 1.5
@@ -220,7 +220,8 @@ class Planner:
         safety)`` times what it costs at the largest size), unless the stream's own buffer cannot wait for it.
         A stream whose listener is already out of audio (as when the machine slows down under the streams it
         admitted) keeps that floor: small chunks cost more per second of audio, and under load they would keep
-        every stream behind.
+        every stream behind. A stream still starting (its listener holds less than a round of the machine,
+        ``still_starting``) flows no further ahead than its next full-size chunk needs.
         """
         g = self.g
         first = budget.due_s is None
@@ -246,8 +247,16 @@ class Planner:
         then = budget.cost("decode", smallest.size)
         steady = (g.max_window, self.window_size(g.max_window))
         largest = max(smallest.hi - p.flowed, min(g.max_window, p.frames - p.flowed))
-        return _choose(lambda n: self.window(p, self.window_end(p, n)), smallest.hi - p.flowed, largest,
-                       lambda window: then, steady, budget)
+        chosen = _choose(lambda n: self.window(p, self.window_end(p, n)), smallest.hi - p.flowed, largest,
+                         lambda window: then, steady, budget)
+        dry = budget.due_s is not None and budget.due_s <= 0
+        if not dry and still_starting(budget.due_s, budget.load, g.max_chunk * g.frame_s):
+            # Still building its buffer: the latent of one full-size chunk, not seconds more ahead of time, so that
+            # its start (and with it the next newcomer's admission) is not held up by work that can wait. A stream
+            # already out of audio (the machine slowed under its load) keeps efficient windows, as ``_choose`` says.
+            full_chunk = self.chunk(p, self.chunk_end(p, g.max_chunk))
+            return min(chosen, self.window(p, self.window_end(p, full_chunk.hi - p.flowed)), key=lambda w: w.end)
+        return chosen
 
 
 Action = TypeVar("Action", FlowWindow, DecodeChunk)
