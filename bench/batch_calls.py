@@ -3,7 +3,9 @@
     python -m bench.batch_calls
 
 The scheduler's per-kind batch limits for Piper (``PiperVoice.BATCH_LIMITS``) come from this table: a ratio
-below 1 means one batched call beats the same steps run singly.
+below 1 means one batched call beats the same steps run singly. Encoder passes are measured twice: on one text
+repeated, and on texts of different lengths that share a batch key (its size bucket), as real requests do; a
+batched pass pads every text to the longest.
 """
 
 from __future__ import annotations
@@ -15,12 +17,23 @@ from rtvoice.engine.models.piper.voice import PiperVoice
 from rtvoice.engine.voices import embedded_voice_path
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river."
+MIXED = [
+    "Thanks for calling.",
+    "One moment while I look that up for you.",
+    "Your order left our warehouse this morning,",
+    "Good afternoon.",
+    "It seems the card on file expired last month.",
+    "Would you like that?",
+    "Please bring a photo card when you come.",
+    "The next train runs an hour later.",
+]
+"""Texts of one encoder size bucket (under 64 characters), of different lengths."""
 
 
-def first_step(voice: PiperVoice, kind: str, seed: int) -> Step:
-    """The first step of ``kind`` (a full-size chunk for the decoder) of a fresh stream."""
+def first_step(voice: PiperVoice, kind: str, seed: int, text: str = TEXT) -> Step:
+    """The first step of ``kind`` (a full-size chunk for the decoder) of a fresh stream speaking ``text``."""
     session = voice.open_session(SynthesisOptions(seed=seed))
-    session.add_segment(TEXT)
+    session.add_segment(text)
     while True:
         step = session.next_step()
         assert step is not None
@@ -35,9 +48,10 @@ def main(repeats: int = 3) -> None:
     voice = PiperVoice(embedded_voice_path())
     voice.warmup()
     print(f"{'kind':8} {'batch':>5} {'batched ms':>11} {'singly ms':>10} {'ratio':>6}")
-    for kind in ("encode", "flow", "decode"):
+    for name, kind in (("encode", "encode"), ("mixed", "encode"), ("flow", "flow"), ("decode", "decode")):
         for size in (1, 2, 4, 8):
-            payloads = [first_step(voice, kind, seed).payload for seed in range(size)]
+            texts = MIXED[:size] if name == "mixed" else [TEXT] * size
+            payloads = [first_step(voice, kind, seed, text).payload for seed, text in enumerate(texts)]
             voice.run(payloads)
             start = time.perf_counter()
             for _ in range(repeats):
@@ -48,7 +62,7 @@ def main(repeats: int = 3) -> None:
                 for payload in payloads:
                     voice.run([payload])
             singly = (time.perf_counter() - start) / repeats
-            print(f"{kind:8} {size:5d} {batched * 1e3:11.1f} {singly * 1e3:10.1f} {batched / singly:6.2f}")
+            print(f"{name:8} {size:5d} {batched * 1e3:11.1f} {singly * 1e3:10.1f} {batched / singly:6.2f}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import Overloaded
 from rtvoice.engine.models.base import Step, StepBudget, SynthesisOptions
 from rtvoice.engine.models.piper.plan import DecodeChunk, FlowWindow, Progress
+from rtvoice.engine.models.piper.voice import PiperVoice
 from rtvoice.engine.metrics import Metrics
 from rtvoice.engine.scheduler import Limits, Scheduler
 from rtvoice.engine.settings import EngineSettings
@@ -370,8 +371,11 @@ def _seeded(server: Server, seed: int, text: str) -> bytes:
     return response.content
 
 
-def test_batching_changes_nothing() -> None:
-    """Seeded streams give the same speech alone and when their steps share calls (the real engine and voice)."""
+def test_batching_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeded streams give the same speech alone and when their steps share calls (the real engine and voice).
+    Piper's own limits run every step alone on a CPU, where batching does not pay (``bench/batch_calls.py``), so
+    the test lets its encoder passes share calls, as a voice that gains from batching does."""
+    monkeypatch.setattr(PiperVoice, "BATCH_LIMITS", {**PiperVoice.BATCH_LIMITS, "encode": 8})
     texts = [f"Voice number {i} in the crowd speaks one clear sentence." for i in range(8)]
 
     async def run(together: bool) -> tuple[list[np.ndarray], int]:

@@ -56,7 +56,7 @@ falls slightly with length)."""
 
 @dataclass
 class EncodeJob(StepPayload):
-    """A segment through the encoder: phonemes to its frame-level prior (batched across streams)."""
+    """A segment through the encoder: phonemes to its frame-level prior (batchable across streams)."""
 
     kind = "encode"
     text: str
@@ -227,12 +227,14 @@ class PiperVoice(Voice):
         self.validate(options)
         return PiperSession(self, options)
 
-    # Measured on the CPU (bench/batch_calls.py): batching saves ~15% on encoder
-    # passes but only ~5-8% on flow windows and makes decoder chunks ~1.5x slower
-    # per item at 4 or more. Under load (bench/load.py) a batched multi-second
-    # flow window holds a runner slot long enough to make other listeners stall,
-    # so flow windows and decoder chunks run one at a time and encoder passes batch.
-    BATCH_LIMITS = {EncodeJob.kind: 1 << 16, FlowJob.kind: 1, DecodeJob.kind: 1}
+    # Measured on the CPU (bench/batch_calls.py), a batched call is not cheaper than its steps one by one where
+    # it matters: encoder passes save ~10% on one text repeated, but requests' texts differ in length and a batch
+    # pads each to the longest, so texts of one size bucket take 2-9% longer batched; flow windows save 3-7% and
+    # decoder chunks take 5-20% longer. A batched call also holds back every stream in it until the slowest step
+    # is done (first audio above all: at 80% of capacity, bench/load.py's TTFA p95 fell from 571-636 ms to
+    # 258-488 ms with encoder passes one at a time), and a batched multi-second flow window holds its runner slot
+    # long enough to make other listeners stall. So each step runs alone; the voice still runs batches when given.
+    BATCH_LIMITS = {EncodeJob.kind: 1, FlowJob.kind: 1, DecodeJob.kind: 1}
 
     def max_batch(self, kind: str) -> int:
         return self.BATCH_LIMITS.get(kind, 1)
