@@ -104,6 +104,11 @@ class StepBudget:
         """Whether new audio ``to_audio_s`` after the step starts comes before the listener runs out."""
         return self.due_s is None or to_audio_s * self.safety <= self.due_s
 
+    @property
+    def dry(self) -> bool:
+        """The listener is already out of audio (as when the machine slowed down under its load)."""
+        return self.due_s is not None and self.due_s <= 0
+
 
 
 

@@ -249,8 +249,7 @@ class Planner:
         largest = max(smallest.hi - p.flowed, min(g.max_window, p.frames - p.flowed))
         chosen = _choose(lambda n: self.window(p, self.window_end(p, n)), smallest.hi - p.flowed, largest,
                          lambda window: then, steady, budget)
-        dry = budget.due_s is not None and budget.due_s <= 0
-        if not dry and still_starting(budget.due_s, budget.load, g.max_chunk * g.frame_s):
+        if not budget.dry and still_starting(budget.due_s, budget.load, g.max_chunk * g.frame_s):
             # Still building its buffer: the latent of one full-size chunk, not seconds more ahead of time, so that
             # its start (and with it the next newcomer's admission) is not held up by work that can wait. A stream
             # already out of audio (the machine slowed under its load) keeps efficient windows, as ``_choose`` says.
@@ -292,8 +291,7 @@ def _choose(build: Callable[[int], Action], low: int, high: int, then: Callable[
 
         floor = _smallest(low, high, efficient)
         # The floor gives way to this stream's own buffer, unless its listener is already out of audio.
-        dry = budget.due_s is not None and budget.due_s <= 0
-        chosen = max(chosen, floor if dry else min(floor, _largest(low, high, own)))
+        chosen = max(chosen, floor if budget.dry else min(floor, _largest(low, high, own)))
     return build(max(low, chosen))
 
 
