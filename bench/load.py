@@ -108,9 +108,14 @@ def clients(count: int, timeout_s: float = 300) -> list[httpx.AsyncClient]:
     return [httpx.AsyncClient(timeout=timeout_s) for _ in range(count)]
 
 
+def joins_at(index: int, level: int, join_s: float) -> float:
+    """Seconds into its row at which listener ``index`` of ``level`` joins: one by one over ``join_s``."""
+    return join_s * index / level
+
+
 async def listen(target: Target, client: httpx.AsyncClient, index: int, level: int, utterances: int,
                  listener: Listener, join_s: float, row_start: float) -> None:
-    await asyncio.sleep(join_s * index / level)  # listeners join one by one over join_s
+    await asyncio.sleep(joins_at(index, level, join_s))
     async with client:
         for n in range(utterances):
             text = UTTERANCES[(index + n) % len(UTTERANCES)]
@@ -241,7 +246,7 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
     ttfa = [t for listener in listeners for t in listener.ttfa_s]
     audio_s = sum(listener.audio_s for listener in listeners)
     last_byte_s = max(listener.last_byte_at for listener in listeners) - start
-    playing_s = max(join_s * i / level + sum(u.audio_s for u in listener.utterances)
+    playing_s = max(joins_at(i, level, join_s) + sum(u.audio_s for u in listener.utterances)
                     for i, listener in enumerate(listeners))
     capacity = queue_wait_p95 = None
     if rtvoice:
