@@ -246,8 +246,7 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
     ttfa = [t for listener in listeners for t in listener.ttfa_s]
     audio_s = sum(listener.audio_s for listener in listeners)
     last_byte_s = max(listener.last_byte_at for listener in listeners) - start
-    playing_s = max(joins_at(i, level, join_s) + sum(u.audio_s for u in listener.utterances)
-                    for i, listener in enumerate(listeners))
+    playing_s = max(joins_at(i, level, join_s) + listener.audio_s for i, listener in enumerate(listeners))
     capacity = queue_wait_p95 = None
     if rtvoice:
         capacity = server.metric("rtvoice_capacity_audio_seconds_per_second") or None

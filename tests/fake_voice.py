@@ -105,7 +105,7 @@ class FakeVoice(Voice):
         return FakeSession(self)
 
     def largest_step_audio_s(self) -> float | None:
-        return self.geometry.max_chunk * FRAME_S
+        return self.geometry.max_chunk_s
 
     def start_cost(self, cost: CostEstimate) -> StartCost | None:
         return self.planner.start_cost(cost)

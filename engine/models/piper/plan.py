@@ -56,6 +56,11 @@ class Geometry:
     frame_s: float
     """Seconds of audio per frame."""
 
+    @property
+    def max_chunk_s(self) -> float:
+        """Audio of the largest decoder chunk (a round of the machine is load × this)."""
+        return self.max_chunk * self.frame_s
+
     @classmethod
     def of(cls, plan: ChunkPlan, frame_ms: float, flow_context: int, decoder_context: int) -> Geometry:
         first = max(1, round(plan.first_chunk_ms / frame_ms))
@@ -249,7 +254,7 @@ class Planner:
         largest = max(smallest.hi - p.flowed, min(g.max_window, p.frames - p.flowed))
         chosen = _choose(lambda n: self.window(p, self.window_end(p, n)), smallest.hi - p.flowed, largest,
                          lambda window: then, steady, budget)
-        if not budget.dry and still_starting(budget.due_s, budget.load, g.max_chunk * g.frame_s):
+        if not budget.dry and still_starting(budget.due_s, budget.load, g.max_chunk_s):
             # Still building its buffer: the latent of one full-size chunk, not seconds more ahead of time, so that
             # its start (and with it the next newcomer's admission) is not held up by work that can wait. A stream
             # already out of audio (the machine slowed under its load) keeps efficient windows, as ``_choose`` says.

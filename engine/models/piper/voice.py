@@ -208,7 +208,7 @@ class PiperVoice(Voice):
         return self.info.id  # every Piper voice has weights of its own
 
     def largest_step_audio_s(self) -> float | None:
-        return self.geometry.max_chunk * self.hop / self.info.sample_rate
+        return self.geometry.max_chunk_s
 
     def start_cost(self, cost: CostEstimate) -> StartCost | None:
         return self.planner.start_cost(cost)
