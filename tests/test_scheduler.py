@@ -20,7 +20,7 @@ from rtvoice.engine.cost import CostModel, LinearFit
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import Overloaded
 from rtvoice.engine.models.base import Step, StepBudget, SynthesisOptions
-from rtvoice.engine.models.piper.plan import DecodeChunk, FlowWindow, Progress
+from rtvoice.engine.models.piper.plan import STARTING_FLOW_CHUNKS, DecodeChunk, FlowWindow, Progress
 from rtvoice.engine.models.piper.voice import PiperVoice
 from rtvoice.engine.metrics import Metrics
 from rtvoice.engine.scheduler import Limits, Scheduler
@@ -184,9 +184,10 @@ def test_a_lone_stream_starts_small_and_grows_to_the_largest_chunks() -> None:
     assert not stream.playback.late_chunks
 
 
-def test_a_starting_stream_flows_no_further_ahead_than_its_next_full_chunk() -> None:
+def test_a_starting_stream_flows_no_further_ahead_than_its_next_full_chunks() -> None:
     """After its first chunk, a stream holding less than a round of the machine (load × the largest chunk's audio)
-    gets a flow window for one full-size chunk, so its start is not held up by flowing seconds ahead; with a buffer
+    gets a flow window for its next ``STARTING_FLOW_CHUNKS`` full-size chunks, so its start is not held up by flowing
+    seconds ahead; with a buffer
     past that round, or with its listener already out of audio (the machine slowed: efficiency first), the window is
     as large as the budget allows."""
     voice = FakeVoice()
@@ -200,9 +201,10 @@ def test_a_starting_stream_flows_no_further_ahead_than_its_next_full_chunk() -> 
         assert isinstance(action, FlowWindow)
         return action
 
-    full_chunk = planner.chunk(after_first, planner.chunk_end(after_first, g.max_chunk))
+    full_chunks = planner.chunk(after_first, planner.chunk_end(after_first, STARTING_FLOW_CHUNKS * g.max_chunk))
     starting = window(0.5 * round_s)
-    assert full_chunk.hi <= starting.end < full_chunk.hi + g.max_chunk // 2
+    assert full_chunks.hi <= starting.end < full_chunks.hi + g.max_chunk // 2
+    assert starting.end - after_first.flowed < g.max_window
     assert window(2 * round_s).end - after_first.flowed == g.max_window
     assert window(-0.1).end - after_first.flowed == g.max_window
 
