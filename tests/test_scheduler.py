@@ -187,9 +187,8 @@ def test_a_lone_stream_starts_small_and_grows_to_the_largest_chunks() -> None:
 def test_a_starting_stream_flows_no_further_ahead_than_its_next_full_chunks() -> None:
     """After its first chunk, a stream holding less than a round of the machine (load × the largest chunk's audio)
     gets a flow window for its next ``STARTING_FLOW_CHUNKS`` full-size chunks, so its start is not held up by flowing
-    seconds ahead; with a buffer
-    past that round, or with its listener already out of audio (the machine slowed: efficiency first), the window is
-    as large as the budget allows."""
+    seconds ahead; with a buffer past that round, or with its listener already out of audio (the machine slowed:
+    efficiency first), the window is as large as the budget allows."""
     voice = FakeVoice()
     g, planner, costs = voice.geometry, voice.planner, Costs()
     frames = 6 * g.max_window  # a long segment: every window size is open to the plan

@@ -32,8 +32,8 @@ STARTING_FLOW_CHUNKS = 2
 """Full-size chunks whose latent a starting stream's flow window covers. One is what its start needs; the second
 halves how often a stream that stays short of a round pays the flow's context (under full load most streams do, and
 one-chunk windows doubled the flow's cost per second of audio). Measured with ``bench.load`` against one chunk: 24
-listeners at once with model calls x2 made 5-9% more audio per second; 19 joining over 1 s, TTFA p95 about the same
-(550, 525, 398 ms against 569, 493, 681)."""
+listeners at once with model calls x2 made 5-9% more audio per second; 19 joining over 1 s, TTFA p95 no worse (550,
+525, 398, 453, 516 ms against 569, 493, 681, 602, 375)."""
 
 
 @dataclass(frozen=True)
