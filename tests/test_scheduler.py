@@ -193,7 +193,7 @@ def test_a_starting_stream_flows_no_further_ahead_than_its_next_full_chunks() ->
     g, planner, costs = voice.geometry, voice.planner, Costs()
     frames = 6 * g.max_window  # a long segment: every window size is open to the plan
     after_first = Progress(frames, planner.first_window_size() - g.flow_context, g.first_chunk)
-    round_s = 0.8 * g.max_chunk * g.frame_s
+    round_s = 0.8 * g.max_chunk_s
 
     def window(due_s: float) -> FlowWindow:
         action = planner.next(after_first, StepBudget(math.inf, due_s, costs, safety=1.5, load=0.8))

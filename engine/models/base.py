@@ -110,8 +110,6 @@ class StepBudget:
         return self.due_s is not None and self.due_s <= 0
 
 
-
-
 def still_starting(buffered_s: float | None, load: float, largest_step_audio_s: float | None) -> bool:
     """Whether a stream is still starting: it owes its first audio (``buffered_s`` None), or its listener holds less
     than one round of the machine, the time the machine needs to serve every admitted stream once at the voice's
