@@ -10,20 +10,12 @@ loads and keeps the faster form.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import onnxruntime
 
 from rtvoice.engine.models.piper import layout
 from rtvoice.engine.models.piper.voice import PiperVoice, _session_options
 from rtvoice.engine.voices import embedded_voice_path
-
-
-def seconds(session: onnxruntime.InferenceSession, feeds: dict[str, np.ndarray]) -> float:
-    start = time.perf_counter()
-    session.run(None, feeds)
-    return time.perf_counter() - start
 
 
 def main(repeats: int = 7) -> None:
@@ -44,13 +36,9 @@ def main(repeats: int = 7) -> None:
         size = voice.planner.chunk_size(frames)
         feeds = {voice.graphs.latent: np.random.default_rng(frames).standard_normal((1, channels, size),
                                                                                      dtype=np.float32)}
-        (a,), (b,) = exported.run(None, feeds), two_d.run(None, feeds)
-        exported_s = two_d_s = float("inf")
-        for _ in range(repeats):
-            exported_s = min(exported_s, seconds(exported, feeds))
-            two_d_s = min(two_d_s, seconds(two_d, feeds))
-        print(f"{frames:12d} {frames * g.frame_s * 1e3:8.0f} {exported_s * 1e3:11.1f} {two_d_s * 1e3:7.1f} "
-              f"{two_d_s / exported_s:6.2f} {np.abs(a - b).max():9.1e}")
+        c = layout.compare(exported, two_d, feeds, repeats)
+        print(f"{frames:12d} {frames * g.frame_s * 1e3:8.0f} {c.exported_s * 1e3:11.1f} {c.two_d_s * 1e3:7.1f} "
+              f"{c.two_d_s / c.exported_s:6.2f} {c.difference:9.1e}")
         if frames >= 3 * g.max_chunk:
             break
         frames = min(3 * g.max_chunk, frames * 2)

@@ -438,7 +438,10 @@ def main() -> None:
     parser.add_argument("--join-seconds", type=float, default=1.0, help="sweep: listeners join over this time")
     parser.add_argument("--route", choices=["sft", "openai"], default="sft", help="sweep: the route listeners use")
     parser.add_argument("--env", nargs="*", default=[], help="extra RTVOICE_X=Y settings for every rtvoice server")
-    parser.add_argument("--batching-off", action="store_true", help="sweep: also with RTVOICE_MAX_BATCH_SIZE=1")
+    parser.add_argument("--batching-off", action="store_true",
+                        help="sweep: also with RTVOICE_MAX_BATCH_SIZE=1 (the same for the embedded Piper voice, whose "
+                        "steps run alone on a CPU; it tells for a voice that batches, e.g. a CosyVoice2 model made "
+                        "the default voice with --env)")
     parser.add_argument("--no-piper", action="store_true", help="sweep: leave Piper's HTTP server out")
     parser.add_argument("--timeline", action="store_true",
                         help="sweep: also each utterance's times (asked, first and last byte, end of playback)")

@@ -5,7 +5,7 @@ im2col and a matrix product: on the 2-core test machines a Piper decoder chunk t
 as 2-D, with the same output to float rounding (``bench/decoder_layout.py``). Piper's encoder and flow
 gain nothing from it (their convolutions are small), so the voice rewrites its decoder only. The rewrite
 is exact arithmetic, so whether to use it is a question of speed on the machine at hand, which the voice
-measures when it loads (``PiperVoice``).
+measures when it loads (``PiperVoice``, with ``compare``, as the bench does at every chunk size).
 
 Each convolution whose weight is a 3-D constant reads its input with a unit axis inserted at position 2
 and its output loses that axis again, so every other op, and the stage's interface, stays as it was.
@@ -13,8 +13,13 @@ and its output loses that axis again, so every other op, and the stage's interfa
 
 from __future__ import annotations
 
+import math
+import time
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
+import onnxruntime
 from onnx import helper, numpy_helper
 
 from rtvoice.engine.models.piper.graph import Stage
@@ -79,6 +84,36 @@ def input_channels(stage: Stage) -> int | None:
             groups = next((a.i for a in node.attribute if a.name == "group"), 1)
             return int(weights[node.input[1]].dims[1]) * groups
     return None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The two forms of a stage on the same input, on this machine."""
+
+    exported_s: float
+    """The fastest of the repeats as exported."""
+    two_d_s: float
+    """The same for the 2-D form."""
+    difference: float
+    """Largest absolute difference between their outputs (infinite when their shapes differ)."""
+
+
+def compare(exported: onnxruntime.InferenceSession, two_d: onnxruntime.InferenceSession,
+            feeds: dict[str, np.ndarray], repeats: int) -> Comparison:
+    """Run both forms of a stage on ``feeds``, alternating so that a burst of other work slows both."""
+    (expected,), (actual,) = exported.run(None, feeds), two_d.run(None, feeds)
+    difference = float(np.abs(expected - actual).max()) if expected.shape == actual.shape else math.inf
+    exported_s = two_d_s = math.inf
+    for _ in range(repeats):
+        exported_s = min(exported_s, _seconds(exported, feeds))
+        two_d_s = min(two_d_s, _seconds(two_d, feeds))
+    return Comparison(exported_s, two_d_s, difference)
+
+
+def _seconds(session: onnxruntime.InferenceSession, feeds: dict[str, np.ndarray]) -> float:
+    start = time.perf_counter()
+    session.run(None, feeds)
+    return time.perf_counter() - start
 
 
 def _two_d(attributes: dict[str, object]) -> dict[str, object]:

@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,21 +186,18 @@ class PiperVoice(Voice):
         feeds = {self.graphs.latent: latent}
         try:
             candidate = onnxruntime.InferenceSession(rewritten.model, options, providers=providers)
-            (expected,), (actual,) = exported.run(None, feeds), candidate.run(None, feeds)
+            comparison = layout.compare(exported, candidate, feeds, repeats=3)
         except Exception as error:  # onnxruntime refused the rewrite: keep the export
             log.warning("voice %s: decoder as exported (2-D form failed: %s)", self.info.id, error)
             return exported
-        if expected.shape != actual.shape or not np.allclose(expected, actual, rtol=0.0, atol=1e-4):
+        if not comparison.difference <= 1e-4:
             log.warning("voice %s: decoder as exported (2-D form differs)", self.info.id)
             return exported
-        exported_s, candidate_s = math.inf, math.inf
-        for _ in range(3):  # alternate, so that a burst of other work slows both
-            exported_s = min(exported_s, _seconds(lambda: exported.run(None, feeds)))
-            candidate_s = min(candidate_s, _seconds(lambda: candidate.run(None, feeds)))
-        chosen = "2-D convolutions" if candidate_s < exported_s else "as exported"
+        faster = comparison.two_d_s < comparison.exported_s
         log.info("voice %s: decoder %s (a %d-frame chunk: %.1f ms in 2-D, %.1f ms as exported)", self.info.id,
-                 chosen, latent.shape[-1], candidate_s * 1e3, exported_s * 1e3)
-        return candidate if candidate_s < exported_s else exported
+                 "2-D convolutions" if faster else "as exported", latent.shape[-1], comparison.two_d_s * 1e3,
+                 comparison.exported_s * 1e3)
+        return candidate if faster else exported
 
     @property
     def cost_key(self) -> str:
@@ -349,12 +345,6 @@ class PiperVoice(Voice):
             if isinstance(step.payload, EncodeJob):
                 self.frames_per_char = result.frames / len(text)
             session.complete(step, result)
-
-
-def _seconds(call: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
 
 
 class PiperSession(VoiceSession):
