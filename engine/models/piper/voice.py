@@ -190,7 +190,7 @@ class PiperVoice(Voice):
         except Exception as error:  # onnxruntime refused the rewrite: keep the export
             log.warning("voice %s: decoder as exported (2-D form failed: %s)", self.info.id, error)
             return exported
-        if not comparison.difference <= 1e-4:
+        if not comparison.difference <= 1e-4:  # written so that a NaN difference fails too
             log.warning("voice %s: decoder as exported (2-D form differs)", self.info.id)
             return exported
         faster = comparison.two_d_s < comparison.exported_s
