@@ -229,7 +229,10 @@ class Scheduler:
         if not schedulable(own, measured, slots_free_at, self.limits.max_load):
             return False
         # A start costs more than steady speech (first audio, then building a buffer): no more streams
-        # starting at once than there are runner slots, so that those playing keep their buffers.
+        # starting at once than there are runner slots, so that those playing keep their buffers. Looser counts,
+        # measured with bench.load (46 listeners joining over 1 s): half a round as the threshold stalled 2
+        # listeners; a stream counted only until it first holds a round, with start costs at the first chunk the
+        # plan takes under load, stalled 41.
         return self._starting(self.load().fraction) < self.slots
 
     def _rates(self, voice: Voice) -> _VoiceRates | None:
@@ -259,7 +262,9 @@ class Scheduler:
         start = rates.start
         if start is None:
             return Need(to_audio, due_at, rates.per_audio_s, remaining)
-        # The part of its start still ahead (by the audio it has made), with the margin on estimates.
+        # The part of its start still ahead (by the audio it has made), with the margin on estimates. Spread evenly
+        # over its audio: counted as the ramp spends it (most on the first chunks), the newcomer's too, 18 listeners
+        # joining over 1 s waited longer (bench.load, TTFA p95 585 and 731 ms against 387 and 424).
         start_left_s = max(0.0, min(start.audio_s - stream.playback.audio_s, remaining))
         start_extra_s = safety * start.extra_s * start_left_s / start.audio_s
         return Need(to_audio, due_at, rates.per_audio_s, remaining, start_extra_s, start_left_s)

@@ -55,7 +55,8 @@ class EngineSettings(BaseSettings):
     """Audio in a stream's first chunk: small, so the first bytes leave early."""
     chunk_ms: int = 1000
     """Most audio in one later chunk. Chunks are as large as measured costs allow without another listener
-    running out of audio, up to this; larger ones pay the per-call overhead more rarely."""
+    running out of audio, up to this; larger ones pay the per-call overhead more rarely, but each new stream
+    then needs more audio buffered (a longer round of the machine) before the next one starts."""
     flow_chunk_ms: int = 3000
     """Most audio covered by one run of the flow (its context is paid once per run); sized like chunks."""
     crossfade_ms: float = 12.0
