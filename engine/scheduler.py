@@ -262,9 +262,9 @@ class Scheduler:
         start = rates.start
         if start is None:
             return Need(to_audio, due_at, rates.per_audio_s, remaining)
-        # The part of its start still ahead (by the audio it has made), with the margin on estimates. Spread evenly
-        # over its audio: counted as the ramp spends it (most on the first chunks), the newcomer's too, 18 listeners
-        # joining over 1 s waited longer (bench.load, TTFA p95 585 and 731 ms against 387 and 424).
+        # The part of its start still ahead (by the audio it has made), with the margin on estimates, spread evenly
+        # over its audio. Counting it as the ramp spends it instead (most on the first chunks, the newcomer's too)
+        # made 18 listeners joining over 1 s wait longer (bench.load, TTFA p95 585 and 731 ms against 387 and 424).
         start_left_s = max(0.0, min(start.audio_s - stream.playback.audio_s, remaining))
         start_extra_s = safety * start.extra_s * start_left_s / start.audio_s
         return Need(to_audio, due_at, rates.per_audio_s, remaining, start_extra_s, start_left_s)
