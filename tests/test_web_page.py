@@ -110,9 +110,17 @@ def test_websocket_highlights_words_as_played_and_stop_shows_heard(page) -> None
     assert last["end_s"] < played_s + WORD_DRIFT_S, (last, played_s)
     assert not after or after[0]["end_s"] > played_s - WORD_DRIFT_S, (after[0], played_s)
     page.wait_for_function("window.rtvoice.events.some(e => e.type === 'cancelled')", timeout=10_000)
-    cancelled = next(e for e in page.evaluate("window.rtvoice.events") if e["type"] == "cancelled")
-    sent = cancelled["delivered"][0]["last_word"]
-    assert sent is not None and sent["char_end"] >= last["char_end"]  # the server sent at least what was heard
+    events = page.evaluate("window.rtvoice.events")
+    at_cancel = next(i for i, e in enumerate(events) if e["type"] == "cancelled")
+    cancelled = events[at_cancel]
+    if cancelled["delivered"]:
+        sent = cancelled["delivered"][0]["last_word"]
+        assert sent is not None and sent["char_end"] >= last["char_end"]  # the server sent at least what was heard
+    else:
+        # WebSocket audio runs ahead of playback: on a fast machine the whole utterance was sent before Stop, so its
+        # `done` came first and there was nothing left to cut.
+        done = [e for e in events[:at_cancel] if e["type"] == "done" and e["utterance"] == last["utterance"]]
+        assert done and cancelled["utterances"] == [], (cancelled, events[:at_cancel][-3:])
 
 
 def test_webrtc_highlights_words_as_played_and_stop_shows_heard(page) -> None:  # type: ignore[no-untyped-def]
