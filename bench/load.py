@@ -14,7 +14,9 @@ utterance's audio there the moment it is asked for, so that real-time playback i
 cannot play more than 24 audio seconds per second whatever the server makes), answers other than audio (errors),
 503s, the most streams the server held queued while the row ran, the p95 of their waits in its admission queue (the
 bound of the ``rtvoice_queue_wait_seconds`` bucket that holds it: how much of TTFA was waiting for room rather than
-synthesis), and its own capacity estimate (``rtvoice_capacity_audio_seconds_per_second``) afterwards.
+synthesis), the chunks the server itself counted late while the row ran (``rtvoice_late_chunks_total``: any chunk
+after its listener's playback clock ran out, with no 20 ms threshold), and its own capacity estimate
+(``rtvoice_capacity_audio_seconds_per_second``) afterwards.
 
 The reference is Piper's own HTTP server (``piper-tts[http]``, same voice; ``make bench`` installs it): 16
 clients at once, each asking for whole WAVs back to back; its audio seconds per wall second is P. The targets,
@@ -183,6 +185,8 @@ class Row:
     max_queued: int
     queue_wait_p95: float | None
     """Upper bound of the server's queue-wait bucket holding the row's 95th percentile, when it is rtvoice."""
+    late_chunks: int | None
+    """Chunks the server counted late while the row ran (no threshold), when it is rtvoice."""
     capacity: float | None
     """The server's own estimate afterwards (audio s per s), when it is rtvoice."""
     timeline: list[Utterance] = field(default_factory=list)
@@ -234,6 +238,7 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
                   join_s: float) -> Row:
     rtvoice = server is not None and target.route != "piper"
     waits_before = _queue_waits(server) if rtvoice else {}
+    late_before = server.metric("rtvoice_late_chunks_total") if rtvoice else 0.0
     listeners = [Listener() for _ in range(level)]
     listener_clients = clients(level)
     stop = asyncio.Event()
@@ -247,10 +252,11 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
     audio_s = sum(listener.audio_s for listener in listeners)
     last_byte_s = max(listener.last_byte_at for listener in listeners) - start
     playing_s = max(joins_at(i, level, join_s) + listener.audio_s for i, listener in enumerate(listeners))
-    capacity = queue_wait_p95 = None
+    capacity = queue_wait_p95 = late_chunks = None
     if rtvoice:
         capacity = server.metric("rtvoice_capacity_audio_seconds_per_second") or None
         queue_wait_p95 = bucket_percentile(waits_before, _queue_waits(server), 0.95)
+        late_chunks = round(server.metric("rtvoice_late_chunks_total") - late_before)
     return Row(
         name=name,
         listeners=level,
@@ -265,6 +271,7 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
         rejected=sum(listener.rejected for listener in listeners),
         max_queued=await watcher,
         queue_wait_p95=queue_wait_p95,
+        late_chunks=late_chunks,
         capacity=capacity,
         timeline=sorted((u for listener in listeners for u in listener.utterances), key=lambda u: u.asked_s),
     )
@@ -275,13 +282,14 @@ def print_rows(title: str, rows: list[Row], reference: float | None = None) -> N
     ref = f" {'x Piper':>7}" if reference else ""
     print(f"{'row':24} {'listeners':>9} {'TTFA p50':>9} {'TTFA p95':>9} {'stalled':>8} {'stall s':>8} "
           f"{'audio s/s':>9}{ref} {'made s/s':>8} {'playable':>8} {'errors':>6} {'503s':>5} {'queued':>6} "
-          f"{'wait p95':>8} {'capacity':>8}")
+          f"{'wait p95':>8} {'late':>5} {'capacity':>8}")
     for r in rows:
         ratio = f" {r.audio_per_s / reference:7.2f}" if reference else ""
         capacity = f"{r.capacity:8.1f}" if r.capacity else f"{'-':>8}"
+        late = f"{r.late_chunks:5d}" if r.late_chunks is not None else f"{'-':>5}"
         print(f"{r.name:24} {r.listeners:9d} {r.ttfa_p50 * 1e3:7.0f}ms {r.ttfa_p95 * 1e3:7.0f}ms {r.stalled:8d} "
               f"{r.stall_s:8.2f} {r.audio_per_s:9.2f}{ratio} {r.made_per_s:8.2f} {r.playable_per_s:8.2f} "
-              f"{r.errors:6d} {r.rejected:5d} {r.max_queued:6d} {wait_bound(r.queue_wait_p95):>8} {capacity}")
+              f"{r.errors:6d} {r.rejected:5d} {r.max_queued:6d} {wait_bound(r.queue_wait_p95):>8} {late} {capacity}")
 
 
 def wait_bound(seconds: float | None) -> str:
