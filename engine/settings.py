@@ -57,8 +57,8 @@ class EngineSettings(BaseSettings):
     """Most audio in one later chunk. Chunks are as large as measured costs allow without another listener
     running out of audio, up to this; larger ones pay the per-call overhead more rarely, but each new stream
     then needs more audio buffered (a longer round of the machine) before the next one starts. Measured with
-    bench.load and model calls x1.6, 600 against 1000: 12 listeners joining over 1 s had a lower TTFA p95 in 6 of 6
-    pairs (421-579 ms against 596-822), and 24 at once played 6% less audio per second (11.87 against 12.67)."""
+    bench.load and model calls x1.6, 600 against 1000: 12 listeners joining over 1 s had a lower TTFA p95 in 8 of 10
+    pairs (median 570 ms against 628), and 24 at once played 6% less audio per second (11.87 against 12.67)."""
     flow_chunk_ms: int = 3000
     """Most audio covered by one run of the flow (its context is paid once per run); sized like chunks."""
     crossfade_ms: float = 12.0
