@@ -65,6 +65,11 @@ class EngineSettings(BaseSettings):
     """Overlap between neighbouring chunks, joined with a Hamming cross-fade."""
     first_segment_max_chars: int = 90
     """The first segment is split at a clause or word boundary past this length (time to first audio)."""
+    first_segment_clause_chars: int = Field(default=24, ge=0)
+    """The first segment also ends at its first clause boundary (a comma, semicolon or colon and a blank) past this
+    many characters, so that its encoder pass, which its first audio waits for, is short (0: only at sentence ends
+    and ``first_segment_max_chars``). Measured with bench.load and model calls x1.6, 12 listeners joining over 1 s:
+    TTFA p95 lower than with 0 in 5 of 5 pairs (median 706 ms against 917), no listener stalled."""
     segment_max_chars: int = 300
     """Later segments are split at a clause or word boundary past this length."""
 

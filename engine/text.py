@@ -236,9 +236,12 @@ class Segmenter:
     Each segment's words carry their offsets in all the text pushed so far.
     """
 
-    def __init__(self, first_max_chars: int, max_chars: int, language: str = "en") -> None:
+    def __init__(self, first_max_chars: int, max_chars: int, language: str = "en",
+                 first_clause_chars: int = 0) -> None:
         self.first_max_chars = first_max_chars
         self.max_chars = max_chars
+        self.first_clause_chars = first_clause_chars
+        """The first segment also ends at its first clause boundary past this many characters (0: it does not)."""
         self.language = language
         self.buffer = ""
         self.offset = 0
@@ -260,7 +263,10 @@ class Segmenter:
         segments: list[Segment] = []
         while True:
             end = self._sentence_end(final)
-            if end is not None and end <= self.limit:
+            clause = self._first_clause_end() if self.emitted == 0 else None
+            if clause is not None and (end is None or clause < end):
+                cut = clause
+            elif end is not None and end <= self.limit:
                 cut = end
             elif len(self.buffer) > self.limit:
                 cut = _split_point(self.buffer, self.limit)
@@ -291,6 +297,18 @@ class Segmenter:
             return None
         return None
 
+    def _first_clause_end(self) -> int | None:
+        """End of the buffer's first clause that ends past ``first_clause_chars`` and within the first segment's
+        limit, once the blank after its mark has arrived (a comma at a fragment's end may still be "1,000")."""
+        if self.first_clause_chars <= 0:
+            return None
+        for match in _CLAUSE_END.finditer(self.buffer):
+            if match.end() > self.first_max_chars:
+                return None
+            if match.end() >= self.first_clause_chars and match.group(1):
+                return match.end()
+        return None
+
     def _ends_with_abbreviation(self, dot: int) -> bool:
         if not english_rules(self.language):
             return False
@@ -307,9 +325,10 @@ class Segmenter:
         return any(ch.isalnum() for ch in text)
 
 
-def segment(text: str, first_max_chars: int, max_chars: int, language: str = "en") -> list[str]:
+def segment(text: str, first_max_chars: int, max_chars: int, language: str = "en",
+            first_clause_chars: int = 0) -> list[str]:
     """The texts of all segments of a whole text."""
-    segmenter = Segmenter(first_max_chars, max_chars, language)
+    segmenter = Segmenter(first_max_chars, max_chars, language, first_clause_chars)
     return [piece.text for piece in segmenter.push(text) + segmenter.flush()]
 
 

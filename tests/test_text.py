@@ -1,3 +1,5 @@
+import pytest
+
 from rtvoice.engine.text import Segmenter, is_speakable, normalize, segment
 
 LONG = ("When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone expected "
@@ -28,14 +30,40 @@ def test_word_boundary_when_no_clause() -> None:
     assert " ".join(segments) == text
 
 
-def test_fragments_give_the_same_segments_as_whole_text() -> None:
-    text = LONG + " Dr. Who? Yes! Numbers like 3.14 stay whole.\n\nA new paragraph"
-    segmenter = Segmenter(90, 300)
+@pytest.mark.parametrize("first_clause_chars", [0, 24])
+def test_fragments_give_the_same_segments_as_whole_text(first_clause_chars: int) -> None:
+    text = ("Well then, if you insist, I will pay 1,000 dollars. " + LONG
+            + " Dr. Who? Yes! Numbers like 3.14 stay whole.\n\nA new paragraph")
+    segmenter = Segmenter(90, 300, first_clause_chars=first_clause_chars)
     pieces: list[str] = []
     for i in range(0, len(text), 3):  # an LLM's few characters at a time
         pieces += [piece.text for piece in segmenter.push(text[i:i + 3])]
     pieces += [piece.text for piece in segmenter.flush()]
-    assert pieces == segment(text, 90, 300)
+    assert pieces == segment(text, 90, 300, first_clause_chars=first_clause_chars)
+    if first_clause_chars:
+        assert pieces[:2] == ["Well then, if you insist,", "I will pay 1,000 dollars."]
+
+
+def test_first_segment_ends_at_its_first_clause_past_the_threshold() -> None:
+    text = "If that time does not suit you, I can move it to Friday, or to Monday. Later, shorter, clauses stay whole."
+    assert segment(text, 90, 300, first_clause_chars=24) == [
+        "If that time does not suit you,", "I can move it to Friday, or to Monday.",
+        "Later, shorter, clauses stay whole."]
+    assert segment(text, 90, 300, first_clause_chars=0)[0] == (
+        "If that time does not suit you, I can move it to Friday, or to Monday.")
+    # A clause shorter than the threshold is no place to cut; a sentence that ends first is its own segment.
+    assert segment("Yes, of course, I can help you with that booking today.", 90, 300, first_clause_chars=24) == [
+        "Yes, of course, I can help you with that booking today."]
+    assert segment("Thanks for calling. I can help you, of course.", 90, 300, first_clause_chars=10)[0] == (
+        "Thanks for calling.")
+
+
+def test_first_clause_waits_for_the_blank_after_its_mark() -> None:
+    segmenter = Segmenter(90, 300, first_clause_chars=5)
+    assert segmenter.push("It costs 1,") == []  # may still be 1,000
+    assert [piece.text for piece in segmenter.push("000 dollars, ")] == ["It costs 1,000 dollars,"]
+    assert [piece.text for piece in segmenter.push("or so they say, and")] == []  # later segments: sentences
+    assert [piece.text for piece in segmenter.flush()] == ["or so they say, and"]
 
 
 def test_sentence_waits_for_what_follows_its_terminator() -> None:
