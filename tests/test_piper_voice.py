@@ -8,7 +8,7 @@ import onnxruntime
 import pytest
 
 from rtvoice.engine.models.base import SynthesisOptions
-from rtvoice.engine.models.piper import graph
+from rtvoice.engine.models.piper import context, graph
 from rtvoice.engine.models.piper.voice import PiperVoice
 from rtvoice.engine.voices import embedded_voice_path
 from tests.audio import snr_db
@@ -69,6 +69,55 @@ def test_split_graph_equals_the_original(piper_voice: PiperVoice) -> None:
     (audio,) = piper_voice.decoder.run(None, {g.latent: latent})
     assert audio.size == reference.size
     assert snr_db(reference.reshape(-1), audio.reshape(-1)) >= 60
+
+
+def test_context_is_measured_within_the_graphs_reach(piper_voice: PiperVoice) -> None:
+    """Each stage's context is the least at which chunks match a whole run (at load, on the voice's own speech), at
+    most what its convolutions reach; chunks of other sentences at that context match their whole runs too."""
+    g = piper_voice.graphs
+    assert 0 < piper_voice.flow_context <= graph.context_frames(g.flow)
+    assert 0 < piper_voice.decoder_context <= graph.context_frames(g.decoder)
+    hop, worst = piper_voice.hop, []
+    for seed, text in enumerate([SENTENCE, "One moment while I look that up for you. It seems the card expired."]):
+        stages = piper_voice.sentence_stages(text, seed)
+        latent_power = float(np.mean(stages.latent.astype(np.float64) ** 2))
+        audio_power = float(np.mean(stages.audio.astype(np.float64) ** 2))
+        for start in range(40, stages.frames - 60, 13):  # cuts the measurement did not try
+            end = start + 12
+            c = piper_voice.flow_context
+            chunk = stages.flow(start - c, end + c)[:, c: c + 12]
+            worst.append(context.below_db(latent_power, stages.latent[:, start:end], chunk))
+            c = piper_voice.decoder_context
+            chunk = stages.decode(start - c, end + c)[c * hop: (c + 12) * hop]
+            worst.append(context.below_db(audio_power, stages.audio[start * hop: end * hop], chunk))
+    print(f"worst chunk: {min(worst):.1f} dB below the sentence's level")
+    assert min(worst) >= context.TOLERANCE_DB - 20  # measured on one sentence: others within 20 dB, far below hearing
+
+
+def test_least_context_of_a_known_filter() -> None:
+    """A stage that is a filter with taps decaying away from the centre: the least context that meets the tolerance,
+    and one frame less does not."""
+    signal = np.random.default_rng(5).standard_normal(400)
+    reach = 20
+    taps = np.exp(-np.abs(np.arange(-reach, reach + 1)) / 2.0)
+
+    def run(lo: int, hi: int) -> np.ndarray:
+        chunk = signal[lo:hi]
+        return np.convolve(chunk, taps, mode="full")[reach: reach + len(chunk)]  # zeros past the chunk's ends
+
+    whole = run(0, len(signal))
+    power = float(np.mean(whole ** 2))
+    least = context.least_context(run, whole, len(signal), 1, reach, tolerance_db=60)
+    assert 0 < least < reach
+
+    def worst(c: int) -> float:
+        return min(context.below_db(power, whole[a:b], run(a - c, b + c)[c: c + b - a])
+                   for a, b in context.trial_spans(len(signal), reach))
+
+    assert worst(least) >= 60 > worst(least - 1)
+    # The full reach is exact; a sentence too short for a chunk and its room on both sides tells nothing: the reach.
+    assert worst(reach) == float("inf")
+    assert context.least_context(run, whole[:50], 50, 1, reach) == reach
 
 
 def test_chunked_decode_equals_whole_decode(piper_voice: PiperVoice) -> None:

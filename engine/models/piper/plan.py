@@ -193,7 +193,7 @@ class Planner:
         def grows(n: int) -> bool:
             return budget.safety * self.chunk_cost(budget.cost, round(RAMP_GROWTH * n)) <= n * g.frame_s
 
-        frames = _smallest(g.first_chunk, g.max_chunk, grows)
+        frames = smallest(g.first_chunk, g.max_chunk, grows)
         return frames if grows(frames) else g.max_chunk
 
     def compute_per_frame(self, cost: CostEstimate) -> float:
@@ -300,7 +300,7 @@ def _choose(build: Callable[[int], Action], low: int, high: int, then: Callable[
             action = build(n)
             return seconds(action) / max(1, action.end - action.start) <= limit
 
-        floor = _smallest(low, high, efficient)
+        floor = smallest(low, high, efficient)
         # The floor gives way to this stream's own buffer, unless its listener is already out of audio.
         chosen = max(chosen, floor if budget.dry else min(floor, _largest(low, high, own)))
     return build(max(low, chosen))
@@ -310,11 +310,11 @@ def _largest(low: int, high: int, fits: Callable[[int], bool]) -> int:
     """The largest n in [low, high] with fits(n) (fits holds up to some n and not past it); 0 when none."""
     if high < low or not fits(low):
         return 0
-    first_misfit = _smallest(low, high, lambda n: not fits(n))
+    first_misfit = smallest(low, high, lambda n: not fits(n))
     return high if fits(first_misfit) else first_misfit - 1
 
 
-def _smallest(low: int, high: int, fits: Callable[[int], bool]) -> int:
+def smallest(low: int, high: int, fits: Callable[[int], bool]) -> int:
     """The smallest n in [low, high] with fits(n) (fits fails up to some n and holds past it); high when none."""
     if high <= low or fits(low):
         return low

@@ -3,9 +3,9 @@
 A segment runs through three stages (see ``graph.py``): one encoder pass gives
 its frame-level prior; the flow turns windows of it into latent frames; the
 decoder turns chunks of latent into audio. Each flow window and decoder chunk
-carries enough context frames on both sides (derived from the graph) that the
-joined chunks equal a whole-segment decode; neighbouring chunks also overlap
-by a few samples, joined with a Hamming cross-fade.
+carries enough context frames on both sides (measured at load, ``context.py``)
+that the joined chunks match a whole-segment decode; neighbouring chunks also
+overlap by a few samples, joined with a Hamming cross-fade.
 """
 
 from __future__ import annotations
@@ -41,13 +41,15 @@ from rtvoice.engine.models.base import (
     VoiceInfo,
     VoiceSession,
 )
-from rtvoice.engine.models.piper import alignment, graph, layout
+from rtvoice.engine.models.piper import alignment, context, graph, layout
 from rtvoice.engine.models.piper.plan import ChunkPlan, DecodeChunk, FlowWindow, Geometry, Planner, Progress
 from rtvoice.engine.text import spoken_tokens
 
 
 log = logging.getLogger(__name__)
 
+MEASURING_TEXT = "Warming up the voice, and measuring how long its speech is."
+"""What the voice speaks at load: its context frames (``context.py``), its speech per character (warm-up)."""
 TYPICAL_SEGMENT_CHARS = 100
 """A segment of this many characters stands for all in the steady-cost estimate (encoder cost per character
 falls slightly with length)."""
@@ -95,6 +97,19 @@ class DecodeJob(StepPayload):
     """First latent frame in ``latent`` (left context included)."""
     end: int
     """Frame where this chunk's final audio stops; a cross-fade tail follows it."""
+
+
+@dataclass(frozen=True)
+class SentenceStages:
+    """One segment through the stages whole, and a run of each stage on any span ``[lo, hi)`` of its frames."""
+
+    frames: int
+    flow: context.RunStage
+    latent: np.ndarray
+    """The whole flow run: [channels, frames]."""
+    decode: context.RunStage
+    audio: np.ndarray
+    """The whole decoder run: ``frames`` × hop samples."""
 
 
 PiperPayload = EncodeJob | FlowJob | DecodeJob
@@ -158,25 +173,58 @@ class PiperVoice(Voice):
         self.graphs = graph.split(model)
         self.duration_noise_channels = [graph.noise_channels(model, name) for name in self.graphs.duration_noise]
         del model
-        self.flow_context = graph.context_frames(self.graphs.flow)
-        self.decoder_context = graph.context_frames(self.graphs.decoder)
         options = _session_options(intra_op_threads)
         providers = ["CPUExecutionProvider"]
         self.encoder = onnxruntime.InferenceSession(self.graphs.encoder.model, options, providers=providers)
         self.flow = onnxruntime.InferenceSession(self.graphs.flow.model, options, providers=providers)
+        exported_decoder = onnxruntime.InferenceSession(self.graphs.decoder.model, options, providers=providers)
+        self.flow_context, self.decoder_context = self._least_contexts(exported_decoder)
 
         frame_ms = 1000 * self.hop / self.info.sample_rate
         self.geometry = Geometry.of(plan, frame_ms, self.flow_context, self.decoder_context)
         self.planner = Planner(self.geometry)
-        self.decoder = self._fastest_decoder(options, providers)
+        self.decoder = self._fastest_decoder(exported_decoder, options, providers)
         self.frames_per_char: float | None = None
         """Frames of speech per character of text, from the warm-up sentence (for the encoder's share of cost)."""
 
-    def _fastest_decoder(self, options: onnxruntime.SessionOptions,
+    def _least_contexts(self, decoder: onnxruntime.InferenceSession) -> tuple[int, int]:
+        """Context frames of flow windows and decoder chunks: the least at which chunks of a sentence match its
+        whole run (``context.py``), at most the reach of the stage's convolutions (``graph.context_frames``)."""
+        flow_bound = graph.context_frames(self.graphs.flow)
+        decoder_bound = graph.context_frames(self.graphs.decoder)
+        stages = self.sentence_stages(MEASURING_TEXT, seed=0, decoder=decoder)
+        flow_context = context.least_context(stages.flow, stages.latent, stages.frames, 1, flow_bound)
+        decoder_context = context.least_context(stages.decode, stages.audio, stages.frames, self.hop, decoder_bound)
+        log.info("voice %s: context frames: flow %d (the graph's reach: %d), decoder %d (%d)", self.info.id,
+                 flow_context, flow_bound, decoder_context, decoder_bound)
+        return flow_context, decoder_context
+
+    def sentence_stages(self, text: str, seed: int,
+                        decoder: onnxruntime.InferenceSession | None = None) -> SentenceStages:
+        """``text`` encoded as one segment, its whole flow and decoder runs, and runs of each on any span of its
+        frames (``decoder``: a session other than the voice's own)."""
+        (encoded,) = self._encode([EncodeJob(text, np.random.default_rng(seed), self.config.length_scale,
+                                             self.config.noise_scale, self.config.noise_w_scale)])
+        inputs = {name: value for name, value in encoded.frame_inputs.items() if name in self.graphs.flow.inputs}
+        decoder = decoder or self.decoder
+
+        def flow(lo: int, hi: int) -> np.ndarray:
+            feeds = {name: (value[None, :, lo:hi] if value.ndim == 2 else value) for name, value in inputs.items()}
+            (latent,) = self.flow.run(None, feeds)
+            return latent[0]
+
+        latent = flow(0, encoded.frames)
+
+        def decode(lo: int, hi: int) -> np.ndarray:
+            (audio,) = decoder.run(None, {self.graphs.latent: latent[None, :, lo:hi]})
+            return audio.reshape(-1)
+
+        return SentenceStages(encoded.frames, flow, latent, decode, decode(0, encoded.frames))
+
+    def _fastest_decoder(self, exported: onnxruntime.InferenceSession, options: onnxruntime.SessionOptions,
                          providers: list[str]) -> onnxruntime.InferenceSession:
         """The decoder as exported, or with its convolutions run as 2-D ones (``layout.py``) when that gives the same
         audio and is faster here, timed on a chunk of the largest size the plan makes."""
-        exported = onnxruntime.InferenceSession(self.graphs.decoder.model, options, providers=providers)
         rewritten = layout.two_dimensional(self.graphs.decoder)
         channels = layout.input_channels(self.graphs.decoder)
         if rewritten is None or channels is None:
@@ -337,7 +385,7 @@ class PiperVoice(Voice):
         return list(audio.reshape(len(jobs), -1))
 
     def warmup(self) -> None:
-        text = "Warming up the voice, and measuring how long its speech is."
+        text = MEASURING_TEXT
         session = self.open_session(SynthesisOptions(seed=0))
         session.add_segment(text)
         while (step := session.next_step()) is not None:
