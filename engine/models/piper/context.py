@@ -18,7 +18,7 @@ from rtvoice.engine.models.piper.plan import smallest
 
 TOLERANCE_DB = 70.0
 """How far below the sentence's mean power the difference of every trial chunk must lie (in dB). On the embedded voice,
-decoder chunks with one frame less context than this tolerance picks lie 52-67 dB down; with it, over 100 dB."""
+decoder chunks with one frame less context than this tolerance picks lie 58-67 dB down; with it, over 100 dB."""
 CHUNK_FRAMES = 32
 """Frames each trial chunk makes; the chunks tile the sentence, so that every part of it is cut somewhere."""
 
