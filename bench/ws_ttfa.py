@@ -82,9 +82,7 @@ def sentence_messages(text: str) -> list[str]:
 
 def completing_message(messages: list[str]) -> int:
     """Index of the message after which the server's segmenter has its first segment."""
-    settings = EngineSettings()
-    segmenter = Segmenter(settings.first_segment_max_chars, settings.segment_max_chars,
-                          first_clause_chars=settings.first_segment_clause_chars)
+    segmenter = Segmenter.of(EngineSettings())
     for index, message in enumerate(messages):
         if segmenter.push(message):
             return index

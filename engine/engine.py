@@ -147,8 +147,7 @@ class Engine:
         """
         self.check_sample_rate(sample_rate)
         session = self.check_options(voice.open_session, options)
-        segmenter = Segmenter(self.settings.first_segment_max_chars, self.settings.segment_max_chars,
-                              voice.info.language, self.settings.first_segment_clause_chars)
+        segmenter = Segmenter.of(self.settings, voice.info.language)
         stream = SpeechStream(
             voice, session, segmenter, sample_rate or voice.info.sample_rate, self.core.wake,
             max_buffered_s=self.settings.max_buffered_audio_s, clock=self.scheduler.clock,

@@ -12,6 +12,10 @@ import re
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rtvoice.engine.settings import EngineSettings
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _CRLF = re.compile(r"\r\n?")
@@ -247,6 +251,12 @@ class Segmenter:
         self.offset = 0
         """Where ``buffer`` starts in all the text pushed."""
         self.emitted = 0
+
+    @classmethod
+    def of(cls, settings: EngineSettings, language: str = "en") -> Segmenter:
+        """The segmenter a stream of ``language`` gets under ``settings``."""
+        return cls(settings.first_segment_max_chars, settings.segment_max_chars, language,
+                   settings.first_segment_clause_chars)
 
     @property
     def limit(self) -> int:

@@ -30,14 +30,7 @@ def run_session(voice: PiperVoice, text: str, seed: int, speed: float = 1.0) -> 
 
 def whole_segment(voice: PiperVoice, text: str, seed: int) -> np.ndarray:
     """The same segment through the three stages in one pass each, with the same noise."""
-    session = voice.open_session(SynthesisOptions(seed=seed))
-    session.add_segment(text)
-    step = session.next_step()
-    (encoded,) = voice.run([step.payload])
-    feeds = {k: (v[None] if v.ndim == 2 else v) for k, v in encoded.frame_inputs.items() if k in voice.graphs.flow.inputs}
-    (latent,) = voice.flow.run(None, feeds)
-    (audio,) = voice.decoder.run(None, {voice.graphs.latent: latent})
-    return audio.reshape(-1)
+    return voice.sentence_stages(text, seed).audio
 
 
 def test_split_points_come_from_the_graph_structure() -> None:

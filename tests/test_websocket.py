@@ -16,7 +16,7 @@ from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import AudioChunk, SegmentDone
-from rtvoice.engine.text import segment
+from rtvoice.engine.text import Segmenter
 from tests.audio import same_speech
 from tests.conftest import Server, settled_audio_seconds
 from testkit.polling import wait_for
@@ -228,12 +228,11 @@ def test_many_utterances_on_one_connection_then_end(server: Server) -> None:
     utterances, close_code = session(server, body)
     assert close_code == 1000
     expected = engine_pcm([Job([text], seed=3) for text in texts])
-    settings = EngineSettings()
     for index, (utterance, want) in enumerate(zip(utterances, expected)):
         assert utterance.order[0] == "audio_start" and utterance.order[-1] == "done"
         done = utterance.event("done")
-        segments = segment(texts[index], settings.first_segment_max_chars, settings.segment_max_chars,
-                           first_clause_chars=settings.first_segment_clause_chars)
+        segmenter = Segmenter.of(EngineSettings())
+        segments = segmenter.push(texts[index]) + segmenter.flush()
         assert done["utterance"] == index and done["segments"] == len(segments)
         assert done["final"] is (index == 2)
         assert same_speech(utterance.samples, want), f"utterance {index}"
