@@ -16,9 +16,11 @@ import numpy as np
 
 from rtvoice.engine.models.piper.plan import smallest
 
-TOLERANCE_DB = 70.0
-"""How far below the sentence's mean power the difference of every trial chunk must lie (in dB). On the embedded voice,
-decoder chunks with one frame less context than this tolerance picks lie 58-67 dB down; with it, over 100 dB."""
+TOLERANCE_DB = 90.0
+"""How far below the sentence's mean power the difference of every trial chunk must lie (in dB). Chunk sizes follow
+the load, so two runs of one seed chunk differently; at 70 dB (on the embedded voice, flow 19) two such runs of a
+sentence differed by only 53 dB overall, audible to no one but short of the 60 dB the tests take as the same speech.
+At 90 (flow 21, decoder 10) a streamed sentence is 85 dB or more from its whole run."""
 CHUNK_FRAMES = 32
 """Frames each trial chunk makes; the chunks tile the sentence, so that every part of it is cut somewhere."""
 
