@@ -110,14 +110,14 @@ class EngineCore:
         return self.deadlines.deadline_s(max(batch.estimate_s * self.scheduler.safety(), costs.longest_hold_s(key)))
 
     async def _run(self, voice: Voice, payloads: Sequence[StepPayload], deadline_s: float,
-                   abandoned: str) -> BatchOutput:
+                   abandoned: str, wide: bool = False) -> BatchOutput:
         """A call on the runner, abandoned past ``deadline_s`` (``CallAbandoned``, saying ``abandoned``: the runner
         gives up its thread, so the slot is free now and a late result is dropped); its hold of the slot as the
         loop sees it is recorded for the deadlines."""
         start = time.perf_counter()
         try:
             async with asyncio.timeout(deadline_s) as deadline:
-                output = await self.runner.run(voice, payloads)
+                output = await self.runner.run(voice, payloads, wide=wide)
         except TimeoutError:
             if not deadline.expired():
                 raise
@@ -130,7 +130,7 @@ class EngineCore:
         try:
             output = await self._run(batch.voice, batch.payloads, deadline_s,
                                      f"its {batch.kind} model call ran past its deadline of {deadline_s:.2f} s "
-                                     f"(estimated {batch.estimate_s:.3f} s) and was abandoned")
+                                     f"(estimated {batch.estimate_s:.3f} s) and was abandoned", batch.wide)
         except CallAbandoned as abandoned:
             self.scheduler.metrics.calls_abandoned.labels(batch.kind).inc()
             self.scheduler.fail(batch, abandoned)  # its one log line

@@ -47,6 +47,7 @@ class Engine:
                 max_batch_size=settings.max_batch_size,
                 max_load=settings.max_load,
                 cost_safety=settings.cost_safety_factor,
+                idle_cores_for_first_audio=settings.idle_cores_for_first_audio,
             ),
             self.metrics,
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -140,6 +140,15 @@ class FaultyVoice(Voice):
         return FaultySession(self.inner.open_session(options), self.faults)
 
     def run(self, payloads: Sequence[StepPayload]) -> list[Any]:
+        return self._run(payloads, self.inner.run)
+
+    def run_wide(self, payloads: Sequence[StepPayload]) -> list[Any]:
+        return self._run(payloads, self.inner.run_wide)
+
+    def wide_kinds(self) -> frozenset[str]:
+        return self.inner.wide_kinds()
+
+    def _run(self, payloads: Sequence[StepPayload], run: Callable[[list[StepPayload]], list[Any]]) -> list[Any]:
         modes = {payload.mode for payload in payloads if isinstance(payload, _Marked)}
         if "raise" in modes:
             raise InjectedFault(f"injected fault: a {payloads[0].kind} call with a marked stream "
@@ -148,7 +157,7 @@ class FaultyVoice(Voice):
             log.warning("injected fault: the %s call of a marked stream hangs (RTVOICE_FAULT_INJECTION)",
                         payloads[0].kind)
             self.released.wait()
-        return self.inner.run([p.payload if isinstance(p, _Marked) else p for p in payloads])
+        return run([p.payload if isinstance(p, _Marked) else p for p in payloads])
 
     def max_batch(self, kind: str) -> int:
         return self.inner.max_batch(kind)

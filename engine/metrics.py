@@ -50,6 +50,10 @@ class Metrics:
             "rtvoice_model_call_seconds", "Duration of one model call", ["kind"], buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.wide_calls = Counter(
+            "rtvoice_wide_model_calls", "Model calls that held every runner slot to run on all its cores (a lone "
+            "stream's calls before its first audio)", ["kind"], registry=r,
+        )
         self.calls_abandoned = Counter(
             "rtvoice_model_calls_abandoned", "Model calls abandoned past their deadline (their streams failed)",
             ["kind"], registry=r,

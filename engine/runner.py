@@ -84,13 +84,14 @@ class ModelRunner:
         self._names = itertools.count(1)
         self._closed = False
 
-    async def run(self, voice: Voice, payloads: Sequence[StepPayload]) -> BatchOutput:
+    async def run(self, voice: Voice, payloads: Sequence[StepPayload], wide: bool = False) -> BatchOutput:
         """One batched call on a worker thread; onnxruntime and torch release the GIL. Cancelling it abandons
-        the call: its worker is given up and a fresh one takes the next call."""
+        the call: its worker is given up and a fresh one takes the next call. ``wide``: the call has every core of
+        the runner (``Voice.run_wide``; the scheduler holds all slots for it)."""
         loop = asyncio.get_running_loop()
         worker = self._idle.pop() if self._idle else _Worker(f"rtvoice-runner-{next(self._names)}")
         future: asyncio.Future[BatchOutput] = loop.create_future()
-        worker.submit(_Job(lambda: self.run_now(voice, payloads), future, loop))
+        worker.submit(_Job(lambda: self.run_now(voice, payloads, wide), future, loop))
         try:
             output = await future
         except asyncio.CancelledError:
@@ -109,10 +110,10 @@ class ModelRunner:
         else:
             self._idle.append(worker)
 
-    def run_now(self, voice: Voice, payloads: Sequence[StepPayload]) -> BatchOutput:
+    def run_now(self, voice: Voice, payloads: Sequence[StepPayload], wide: bool = False) -> BatchOutput:
         """The same call in the calling thread."""
         start = time.perf_counter()
-        results = voice.run(payloads)
+        results = voice.run_wide(payloads) if wide else voice.run(payloads)
         seconds = time.perf_counter() - start
         if self.cost_scale > 1:
             time.sleep((self.cost_scale - 1) * seconds)

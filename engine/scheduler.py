@@ -60,6 +60,9 @@ class Limits:
     cost_safety: float = 1.5
     """Cost estimates are multiplied by this (or by their measured overrun, when more) wherever they decide
     whether a listener is served in time."""
+    idle_cores_for_first_audio: bool = True
+    """A lone stream's calls before its first audio hold every runner slot and run on all their cores, for the
+    kinds its voice runs sooner that way (``Voice.wide_kinds``)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,8 @@ class Batch:
     started_at: float
     all_slots_busy: bool = False
     """Every runner slot held a call when it started."""
+    wide: bool = False
+    """It holds every runner slot and runs on all their cores (``Voice.run_wide``)."""
 
     @property
     def payloads(self) -> list[StepPayload]:
@@ -210,8 +215,7 @@ class Scheduler:
         if len(self.active) >= self.limits.max_active_streams:
             return False
         now = self.clock()
-        slots_free_at = [max(now, b.started_at + b.estimate_s) for b in self.running]
-        slots_free_at += [now] * (self.slots - len(self.running))
+        slots_free_at = self._slots_free_at(now)
         safety = self.safety()
         rates: dict[Hashable, _VoiceRates | None] = {}  # each voice's figures once per test, not per stream
 
@@ -374,10 +378,21 @@ class Scheduler:
 
     # -- schedule -----------------------------------------------------------------------------------
 
+    def _slots_free_at(self, now: float) -> list[float]:
+        """When each runner slot is free, by the estimates of the calls in flight (``now`` for an idle one)."""
+        free_at = [max(now, b.started_at + b.estimate_s) for b in self.running for _ in range(self._held(b))]
+        return free_at + [now] * (self.slots - len(free_at))
+
+    def _held(self, batch: Batch) -> int:
+        return self.slots if batch.wide else 1
+
+    def _slots_held(self) -> int:
+        return sum(self._held(b) for b in self.running)
+
     def pick_batch(self) -> Batch | None:
         """The next call while a runner slot is free: the most pressing step, sized to the call budget,
         and the steps that can share its call. The batch counts as running until ``complete``/``fail``."""
-        if len(self.running) >= self.slots:
+        if self._slots_held() >= self.slots:
             return None
         now = self.clock()
         safety = self.safety()
@@ -398,8 +413,8 @@ class Scheduler:
         ordered = policy.order(ready, now, safety)
         head, others = ordered[0], ordered[1:]
         head_stream = streams[head.stream_id]
-        other_slots = [max(now, b.started_at + b.estimate_s) for b in self.running]
-        other_slots += [now] * (self.slots - len(self.running) - 1)
+        other_slots = self._slots_free_at(now)
+        other_slots.remove(now)  # the head's
         call_s = policy.call_budget(others, now, other_slots, safety)
         cost = self.costs.estimator(head_stream.voice.cost_key)
         step = head_stream.session.plan_step(StepBudget(call_s=call_s, due_s=head_stream.playback.due_in(now),
@@ -408,7 +423,7 @@ class Scheduler:
         items = [(head_stream, step)]
         # Split ready work over the free runner slots rather than queueing it all behind one call.
         compatible = [r for r in others if r.step.batch_key == step.batch_key]
-        free_slots = max(1, self.slots - len(self.running))
+        free_slots = max(1, self.slots - self._slots_held())
         limit = min(self.limits.max_batch_size, head_stream.voice.max_batch(step.kind),
                     -(-(len(compatible) + 1) // free_slots))
         size = step.size
@@ -417,9 +432,19 @@ class Scheduler:
                 break
             items.append((streams[r.stream_id], r.step))
             size += r.step.size
-        batch = Batch(head_stream.voice, step.kind, items, cost(step.kind, size), now)
+        batch = Batch(head_stream.voice, step.kind, items, cost(step.kind, size), now,
+                      wide=self._lends_every_core(head_stream, step, items, ready))
         self._start(batch)
         return batch
+
+    def _lends_every_core(self, stream: SpeechStream, step: Step, items: list[tuple[SpeechStream, Step]],
+                          ready: list[policy.Ready]) -> bool:
+        """Whether a call runs on every runner core: it is the only work there is (no other call in flight, no
+        other stream ready, none queued), it comes before its stream's first audio, and its voice runs its kind
+        sooner that way. A newcomer then waits for it at most one such short call."""
+        return (self.limits.idle_cores_for_first_audio and self.slots > 1 and not self.running and not self.waiting
+                and len(items) == 1 and len(ready) == 1 and stream.playback.owes_first_audio
+                and step.kind in stream.voice.wide_kinds())
 
     def safety(self) -> float:
         """The margin on cost estimates: the configured factor, or how much longer than estimated calls have
@@ -428,10 +453,12 @@ class Scheduler:
 
     def _start(self, batch: Batch) -> None:
         self.running.append(batch)
-        batch.all_slots_busy = len(self.running) == self.slots
+        batch.all_slots_busy = self._slots_held() == self.slots
         for stream, _ in batch.items:
             self._busy.add(stream.id)
         self.decisions.append(Decision(batch.kind, tuple(stream.id for stream, _ in batch.items)))
+        if batch.wide:
+            self.metrics.wide_calls.labels(batch.kind).inc()
         self.metrics.batch_size.labels(batch.kind).observe(len(batch.items))
 
     # -- update -------------------------------------------------------------------------------------
@@ -441,7 +468,8 @@ class Scheduler:
         now = self.clock()
         self._end(batch)
         key = batch.voice.cost_key
-        self.costs.observe_call(key, batch.kind, batch.size, output.seconds, batch.all_slots_busy)
+        if not batch.wide:  # the estimates are of calls on one slot's cores
+            self.costs.observe_call(key, batch.kind, batch.size, output.seconds, batch.all_slots_busy)
         self.metrics.step_seconds.labels(batch.kind).observe(output.seconds)
         share = output.seconds / len(batch.items)
         for (stream, step), result in zip(batch.items, output.results):

@@ -97,6 +97,10 @@ class EngineSettings(BaseSettings):
     """Model calls that run at once."""
     intra_op_threads: int = 1
     """onnxruntime threads inside one model call."""
+    idle_cores_for_first_audio: bool = True
+    """A stream's calls before its first audio run on every core of the runner (all its slots held) when nothing
+    else runs or waits, for the kinds of call its voice measured to finish sooner that way with the same result
+    (``Voice.wide_kinds``): a lone request's time to first audio, from cores that would idle."""
 
     # --- Test hook (engine/faults.py) ----------------------------------------------------------------
     fault_injection: str = ""
@@ -130,6 +134,13 @@ class EngineSettings(BaseSettings):
     @property
     def cosyvoice_voices_path(self) -> Path:
         return self.cosyvoice_voices_dir or self.data_dir / "voices"
+
+    def wide_call_threads(self) -> int:
+        """Threads of a call that holds every runner slot (``idle_cores_for_first_audio``): the runner's cores, at
+        most the machine's; 1 when the setting is off."""
+        if not self.idle_cores_for_first_audio:
+            return 1
+        return max(1, min(self.runner_threads * self.intra_op_threads, os.cpu_count() or 1))
 
     # --- CosyVoice2 at scale (engine/models/cosyvoice2: batching, TensorRT) ------------------------
     cosyvoice_estimator: str = "auto"

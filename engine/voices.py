@@ -77,7 +77,8 @@ class VoiceRegistry:
         for path in piper_voice_paths(settings):
             started = time.perf_counter()
             try:
-                piper = PiperVoice(path, plan=plan, intra_op_threads=settings.intra_op_threads)
+                piper = PiperVoice(path, plan=plan, intra_op_threads=settings.intra_op_threads,
+                                   wide_threads=settings.wide_call_threads())
             except Exception as error:  # onnxruntime, JSON and the graph splitter each fail their own way
                 raise VoiceLoadError(f"cannot load the Piper voice {path}: {error}") from error
             voices.append(piper)

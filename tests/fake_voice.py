@@ -94,9 +94,12 @@ FakePayload = FakeEncode | FakeFlow | FakeDecode
 
 
 class FakeVoice(Voice):
-    def __init__(self, costs: Costs | None = None, plan: ChunkPlan = ChunkPlan(), voice_id: str = "fake") -> None:
+    def __init__(self, costs: Costs | None = None, plan: ChunkPlan = ChunkPlan(), voice_id: str = "fake",
+                 wide_kinds: frozenset[str] = frozenset()) -> None:
+        """``wide_kinds``: the kinds it says run sooner on every core (their simulated cost stays the same)."""
         self.info = VoiceInfo(id=voice_id, name=voice_id, language="en", sample_rate=SAMPLE_RATE, model="fake")
         self.costs = costs or Costs()
+        self._wide_kinds = wide_kinds
         frame_ms = 1000 * FRAME_S
         self.geometry = Geometry.of(plan, frame_ms, flow_context=32, decoder_context=11)
         self.planner = Planner(self.geometry)
@@ -106,6 +109,9 @@ class FakeVoice(Voice):
 
     def largest_step_audio_s(self) -> float | None:
         return self.geometry.max_chunk_s
+
+    def wide_kinds(self) -> frozenset[str]:
+        return self._wide_kinds
 
     def start_cost(self, cost: CostEstimate) -> StartCost | None:
         return self.planner.start_cost(cost)
@@ -204,7 +210,7 @@ class SimulatedRunner:
     def __init__(self, slots: int) -> None:
         self.slots = slots
 
-    async def run(self, voice: FakeVoice, payloads: Sequence[FakePayload]) -> BatchOutput:
+    async def run(self, voice: FakeVoice, payloads: Sequence[FakePayload], wide: bool = False) -> BatchOutput:
         return BatchOutput(voice.run(payloads), voice.call_s(payloads))
 
 

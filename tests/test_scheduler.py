@@ -23,7 +23,8 @@ from rtvoice.engine.models.base import Step, StepBudget, SynthesisOptions
 from rtvoice.engine.models.piper.plan import STARTING_FLOW_CHUNKS, DecodeChunk, FlowWindow, Progress
 from rtvoice.engine.models.piper.voice import PiperVoice
 from rtvoice.engine.metrics import Metrics
-from rtvoice.engine.scheduler import Limits, Scheduler
+from rtvoice.engine.runner import BatchOutput
+from rtvoice.engine.scheduler import Batch, Limits, Scheduler
 from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import SpeechStream
 from tests.audio import same_speech, snr_db
@@ -182,6 +183,56 @@ def test_a_lone_stream_starts_small_and_grows_to_the_largest_chunks() -> None:
     largest = voice.geometry.max_chunk
     assert chunks.index(largest) <= 4 and max(chunks) < 1.5 * largest  # (a short remainder joins a chunk)
     assert not stream.playback.late_chunks
+
+
+def picked_batches(sim: Simulation) -> list[Batch]:
+    """Every batch the simulation's scheduler picks from now on, in order."""
+    picked: list[Batch] = []
+    pick = sim.scheduler.pick_batch
+
+    def recording() -> Batch | None:
+        batch = pick()
+        if batch is not None:
+            picked.append(batch)
+        return batch
+
+    sim.scheduler.pick_batch = recording  # type: ignore[method-assign]
+    return picked
+
+
+@pytest.mark.parametrize("lend", [True, False])
+def test_a_lone_stream_runs_its_first_calls_on_every_core(lend: bool) -> None:
+    """With nothing else to run, a stream's calls before its first audio hold both slots, for the kinds its voice
+    runs sooner that way (here encoder and flow, not decoder); later calls hold one. Off by the setting: none."""
+    voice = FakeVoice(wide_kinds=frozenset({"encode", "flow"}))
+    sim = Simulation(voice, limits=Limits(idle_cores_for_first_audio=lend))
+    sim.calibrate()
+    picked = picked_batches(sim)
+    stream = sim.open(SHORT)
+    sim.run()
+    assert stream.playback.audio_s > 0
+    calls = [(batch.kind, batch.wide) for batch in picked]
+    first_decode = calls.index(("decode", False))
+    assert calls[:first_decode] == [("encode", lend), ("flow", lend)]
+    assert not any(wide for _, wide in calls[first_decode:])
+    assert sim.metrics.wide_calls.labels("encode")._value.get() == (1 if lend else 0)
+
+
+def test_a_call_on_every_core_holds_both_slots_and_a_newcomer_waits_for_it() -> None:
+    """A newcomer that arrives while a lone stream's first call runs on both slots starts when that call ends; from
+    then on two streams have work, and neither's calls hold more than one slot."""
+    voice = FakeVoice(wide_kinds=frozenset({"encode", "flow"}))
+    sim = Simulation(voice)
+    sim.calibrate()
+    first = sim.open(SHORT)
+    encode = sim.scheduler.pick_batch()
+    assert encode is not None and encode.kind == "encode" and encode.wide
+    second = sim.open(SHORT)
+    assert sim.scheduler.pick_batch() is None  # both slots are held
+    sim.scheduler.complete(encode, BatchOutput(voice.run(encode.payloads), voice.call_s(encode.payloads)))
+    batches = [sim.scheduler.pick_batch(), sim.scheduler.pick_batch()]
+    assert all(batch is not None and not batch.wide for batch in batches)
+    assert {batch.items[0][0].id for batch in batches if batch is not None} == {first.id, second.id}
 
 
 def test_a_starting_stream_flows_no_further_ahead_than_its_next_full_chunks() -> None:
@@ -406,6 +457,35 @@ def test_batching_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert widest > 1, "no call carried more than one stream"
     for a, b in zip(alone, together):
         assert same_speech(b, a), snr_db(a, b)
+
+
+def test_first_calls_on_every_core_change_nothing() -> None:
+    """A seeded stream alone gives the same speech whether its first calls ran on every core or on one (the real
+    engine and voice; the voice keeps a kind on every core only where its results are the same to the bit, and the
+    rest may be chunked differently, as timing decides); with the setting on, the engine counts a wide call of each
+    kind the voice measured to run sooner that way (on a machine where none does, it makes none)."""
+    text = "A lone listener asks, and every core helps with the first words."
+
+    async def run(lend: bool) -> tuple[np.ndarray, dict[str, float], frozenset[str]]:
+        engine = Engine(EngineSettings(idle_cores_for_first_audio=lend, runner_threads=2))
+        await engine.start()
+        try:
+            voice = engine.resolve_voice(None)
+            stream = engine.open_stream(voice, SynthesisOptions(seed=7), text=text)
+            pcm = np.concatenate([pcm async for pcm in stream.audio()])
+            counts = {kind: engine.metrics.wide_calls.labels(kind)._value.get()
+                      for kind in ("encode", "flow", "decode")}
+            return pcm, counts, voice.wide_kinds()
+        finally:
+            await engine.stop()
+
+    wide, wide_counts, kinds = asyncio.run(run(lend=True))
+    narrow, narrow_counts, no_kinds = asyncio.run(run(lend=False))
+    assert len(wide) == len(narrow) and same_speech(wide, narrow), snr_db(narrow, wide)
+    assert no_kinds == frozenset() and not any(narrow_counts.values())
+    assert kinds <= {"encode", "flow", "decode"}
+    assert {kind for kind, count in wide_counts.items() if count} == kinds
+    assert all(count <= 1 for count in wide_counts.values())  # one encoder pass, one first window, one first chunk
 
 
 def test_admission_limits_and_cancellation(start_server) -> None:  # type: ignore[no-untyped-def]

@@ -10,12 +10,14 @@ overlap by a few samples, joined with a Hamming cross-fade.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
+import time
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +150,9 @@ class PiperVoice(Voice):
         voice_id: str | None = None,
         plan: ChunkPlan = ChunkPlan(),
         intra_op_threads: int = 1,
+        wide_threads: int = 1,
     ) -> None:
+        """``wide_threads``: the cores a call may use when the runner lends it every slot (``run_wide``)."""
         model_path = Path(model_path)
         config_path = Path(f"{model_path}.json")
         if not config_path.exists():
@@ -183,7 +187,12 @@ class PiperVoice(Voice):
         frame_ms = 1000 * self.hop / self.info.sample_rate
         self.geometry = Geometry.of(plan, frame_ms, self.flow_context, self.decoder_context)
         self.planner = Planner(self.geometry)
-        self.decoder = self._fastest_decoder(exported_decoder, options, providers)
+        self.decoder, decoder_model = self._fastest_decoder(exported_decoder, options, providers)
+        self._sessions: dict[type[StepPayload], onnxruntime.InferenceSession] = {
+            EncodeJob: self.encoder, FlowJob: self.flow, DecodeJob: self.decoder}
+        self._wide_sessions = self._faster_wide_sessions(
+            wide_threads, providers, {EncodeJob: self.graphs.encoder.model, FlowJob: self.graphs.flow.model,
+                                      DecodeJob: decoder_model})
         self.frames_per_char: float | None = None
         """Frames of speech per character of text, from the warm-up sentence (for the encoder's share of cost)."""
 
@@ -222,13 +231,13 @@ class PiperVoice(Voice):
         return SentenceStages(encoded.frames, flow, latent, decode, decode(0, encoded.frames))
 
     def _fastest_decoder(self, exported: onnxruntime.InferenceSession, options: onnxruntime.SessionOptions,
-                         providers: list[str]) -> onnxruntime.InferenceSession:
+                         providers: list[str]) -> tuple[onnxruntime.InferenceSession, bytes]:
         """The decoder as exported, or with its convolutions run as 2-D ones (``layout.py``) when that gives the same
-        audio and is faster here, timed on a chunk of the largest size the plan makes."""
+        audio and is faster here, timed on a chunk of the largest size the plan makes; with its model."""
         rewritten = layout.two_dimensional(self.graphs.decoder)
         channels = layout.input_channels(self.graphs.decoder)
         if rewritten is None or channels is None:
-            return exported
+            return exported, self.graphs.decoder.model
         latent = np.random.default_rng(0).standard_normal(
             (1, channels, self.planner.chunk_size(self.geometry.max_chunk)), dtype=np.float32)
         feeds = {self.graphs.latent: latent}
@@ -237,16 +246,45 @@ class PiperVoice(Voice):
             comparison = layout.compare(exported, candidate, feeds, repeats=3)
         except Exception as error:  # onnxruntime refused the rewrite: keep the export
             log.warning("voice %s: decoder as exported (2-D form failed: %s)", self.info.id, error)
-            return exported
+            return exported, self.graphs.decoder.model
         if not comparison.difference <= 1e-4:  # written so that a NaN difference fails too
             log.warning("voice %s: decoder as exported (2-D form differs)", self.info.id)
-            return exported
+            return exported, self.graphs.decoder.model
         faster = comparison.two_d_s < comparison.exported_s
         log.info("voice %s: decoder %s (a %d-frame chunk: %.1f ms in 2-D, %.1f ms as exported)", self.info.id,
                  "2-D convolutions" if faster else "as exported", latent.shape[-1], comparison.two_d_s * 1e3,
                  comparison.exported_s * 1e3)
-        return candidate if faster else exported
+        return (candidate, rewritten.model) if faster else (exported, self.graphs.decoder.model)
 
+    def _faster_wide_sessions(self, threads: int, providers: list[str], models: dict[type[StepPayload], bytes],
+                              repeats: int = 3) -> dict[type[StepPayload], onnxruntime.InferenceSession]:
+        """Sessions on ``threads`` cores for the stages whose calls before a stream's first audio they make sooner
+        than one core does, with the same results to the bit, timed here on the warm-up text's first calls (the
+        scheduler lends every core to a lone stream's first calls: ``run_wide``)."""
+        if threads <= 1:
+            return {}
+        options = _session_options(threads)
+        session = self.open_session(SynthesisOptions(seed=0))
+        session.add_segment(MEASURING_TEXT)
+        first_audio = StepBudget(call_s=0.0, due_s=None, cost=lambda kind, size: math.inf)
+        faster: dict[type[StepPayload], onnxruntime.InferenceSession] = {}
+        audio = None
+        while audio is None and (step := session.plan_step(first_audio)) is not None:
+            stage = type(step.payload)
+            narrow, wide = self._sessions[stage], onnxruntime.InferenceSession(models[stage], options, providers)
+            run = self._calls()[stage]
+            result = run([_again(step.payload)], narrow)[0]
+            narrow_s = wide_s = math.inf
+            for _ in range(repeats):  # alternating, so that a burst of other work slows both
+                narrow_s = min(narrow_s, _seconds(lambda: run([_again(step.payload)], narrow)))
+                wide_s = min(wide_s, _seconds(lambda: run([_again(step.payload)], wide)))
+            same = _same(result, run([_again(step.payload)], wide)[0])
+            log.info("voice %s: a first %s call on %d cores: %.1f ms, on one: %.1f ms%s", self.info.id,
+                     step.kind, threads, wide_s * 1e3, narrow_s * 1e3, "" if same else " (results differ: not used)")
+            if same and wide_s < narrow_s:
+                faster[stage] = wide
+            audio = session.complete(step, result)
+        return faster
     @property
     def cost_key(self) -> str:
         return self.info.id  # every Piper voice has weights of its own
@@ -312,14 +350,27 @@ class PiperVoice(Voice):
     # -- batched model calls --------------------------------------------------------------------
 
     def run(self, payloads: Sequence[StepPayload]) -> list[Any]:
-        calls: dict[type[StepPayload], Callable[[Any], list[Any]]] = {
-            EncodeJob: self._encode, FlowJob: self._flow, DecodeJob: self._decode}
-        call = calls.get(type(payloads[0]))
-        if call is None:
-            raise ValueError(f"a Piper voice cannot run {type(payloads[0]).__name__}")
-        return call(payloads)
+        return self._run(payloads, self._sessions)
 
-    def _encode(self, jobs: Sequence[EncodeJob]) -> list[EncodedSegment]:
+    def run_wide(self, payloads: Sequence[StepPayload]) -> list[Any]:
+        return self._run(payloads, {**self._sessions, **self._wide_sessions})
+
+    def wide_kinds(self) -> frozenset[str]:
+        return frozenset(stage.kind for stage in self._wide_sessions)
+
+    def _calls(self) -> dict[type[StepPayload], Callable[[Any, onnxruntime.InferenceSession], list[Any]]]:
+        return {EncodeJob: self._encode, FlowJob: self._flow, DecodeJob: self._decode}
+
+    def _run(self, payloads: Sequence[StepPayload],
+             sessions: dict[type[StepPayload], onnxruntime.InferenceSession]) -> list[Any]:
+        stage = type(payloads[0])
+        call = self._calls().get(stage)
+        if call is None:
+            raise ValueError(f"a Piper voice cannot run {stage.__name__}")
+        return call(payloads, sessions[stage])
+
+    def _encode(self, jobs: Sequence[EncodeJob],
+                encoder: onnxruntime.InferenceSession | None = None) -> list[EncodedSegment]:
         phonemised = [self._phoneme_ids(job.text) for job in jobs]
         id_lists = [ids for ids, _ in phonemised]
         results: list[EncodedSegment | None] = [None] * len(jobs)
@@ -346,7 +397,7 @@ class PiperVoice(Voice):
             }
             if "sid" in self.graphs.encoder.inputs:
                 feeds["sid"] = np.full(len(live), self.config.default_speaker_id, dtype=np.int64)
-            outputs = dict(zip(self.graphs.encoder.outputs, self.encoder.run(None, feeds)))
+            outputs = dict(zip(self.graphs.encoder.outputs, (encoder or self.encoder).run(None, feeds)))
             durations = outputs.pop(self.graphs.durations)
             mask = outputs[self.graphs.frame_mask]
             padded_frames = mask.shape[-1]
@@ -365,7 +416,7 @@ class PiperVoice(Voice):
                 results[i] = EncodedSegment(frames=frames, frame_inputs=frame_inputs, tokens=tokens)
         return results  # type: ignore[return-value]
 
-    def _flow(self, jobs: Sequence[FlowJob]) -> list[np.ndarray]:
+    def _flow(self, jobs: Sequence[FlowJob], flow: onnxruntime.InferenceSession) -> list[np.ndarray]:
         longest = max(job.inputs[self.graphs.frame_mask].shape[-1] for job in jobs)
         feeds: dict[str, np.ndarray] = {}
         for name in self.graphs.flow.inputs:
@@ -377,11 +428,11 @@ class PiperVoice(Voice):
                 feeds[name] = batch
             else:
                 feeds[name] = values[0]
-        (latent,) = self.flow.run(None, feeds)
+        (latent,) = flow.run(None, feeds)
         return [latent[row, :, job.keep_from: job.keep_from + job.keep_frames] for row, job in enumerate(jobs)]
 
-    def _decode(self, jobs: Sequence[DecodeJob]) -> list[np.ndarray]:
-        (audio,) = self.decoder.run(None, {self.graphs.latent: np.stack([job.latent for job in jobs])})
+    def _decode(self, jobs: Sequence[DecodeJob], decoder: onnxruntime.InferenceSession) -> list[np.ndarray]:
+        (audio,) = decoder.run(None, {self.graphs.latent: np.stack([job.latent for job in jobs])})
         return list(audio.reshape(len(jobs), -1))
 
     def warmup(self) -> None:
@@ -393,6 +444,25 @@ class PiperVoice(Voice):
             if isinstance(step.payload, EncodeJob):
                 self.frames_per_char = result.frames / len(text)
             session.complete(step, result)
+
+
+def _again(payload: StepPayload) -> StepPayload:
+    """``payload`` to run once more with the same result (an encoder pass draws its noise from its generator)."""
+    return replace(payload, rng=copy.deepcopy(payload.rng)) if isinstance(payload, EncodeJob) else payload
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two results of a stage are equal to the bit."""
+    if isinstance(a, EncodedSegment):
+        return (a.frames == b.frames and a.tokens == b.tokens and a.frame_inputs.keys() == b.frame_inputs.keys()
+                and all(np.array_equal(a.frame_inputs[name], b.frame_inputs[name]) for name in a.frame_inputs))
+    return bool(np.array_equal(a, b))
+
+
+def _seconds(call: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
 
 
 class PiperSession(VoiceSession):
