@@ -379,7 +379,7 @@ class Scheduler:
     # -- schedule -----------------------------------------------------------------------------------
 
     def _slots_free_at(self, now: float) -> list[float]:
-        """When each runner slot is free, by the estimates of the calls in flight (``now`` for an idle one)."""
+        """When each runner slot is free, by the estimates of the calls in flight; idle slots (``now``) last."""
         free_at = [max(now, b.started_at + b.estimate_s) for b in self.running for _ in range(self._held(b))]
         return free_at + [now] * (self.slots - len(free_at))
 
@@ -413,8 +413,7 @@ class Scheduler:
         ordered = policy.order(ready, now, safety)
         head, others = ordered[0], ordered[1:]
         head_stream = streams[head.stream_id]
-        other_slots = self._slots_free_at(now)
-        other_slots.remove(now)  # the head's
+        other_slots = self._slots_free_at(now)[:-1]  # all but an idle slot: the head's
         call_s = policy.call_budget(others, now, other_slots, safety)
         cost = self.costs.estimator(head_stream.voice.cost_key)
         step = head_stream.session.plan_step(StepBudget(call_s=call_s, due_s=head_stream.playback.due_in(now),
