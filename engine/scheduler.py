@@ -140,20 +140,50 @@ class Need:
 def schedulable(newcomer: Need, admitted: list[Need], slots_free_at: list[float], max_load: float) -> bool:
     """Whether ``max_load`` of the runner slots' time (each slot free at its ``slots_free_at``) serves the admitted
     streams and the newcomer by their due times, from the newcomer's first due time on (a demand-bound test, as
-    for earliest-deadline-first scheduling: demand and supply are piecewise linear, so it suffices to compare them
-    where either changes slope, and the steady rate of the streams whose input is open past that)."""
+    for earliest-deadline-first scheduling, and the steady rate of the streams whose input is open).
+
+    Demand (the sum of ``Need.by``) and supply are piecewise linear in time, and demand only jumps up, so it
+    suffices to compare them where either changes: one sweep over those times in order, O(n log n) in the needs."""
     needs = [*admitted, newcomer]
     if sum(n.per_audio_s for n in needs if math.isinf(n.remaining_s)) > max_load * len(slots_free_at):
         return False
-    points = set(slots_free_at)
-    points.update(t for n in needs for t in (n.due_at, n.due_at + n.start_audio_s, n.due_at + n.remaining_s)
-                  if math.isfinite(t))
-    for t in points:
-        if t >= newcomer.due_at:
-            supply = max_load * sum(max(0.0, t - free) for free in slots_free_at)
-            if sum(n.by(t) for n in needs) > supply + 1e-9:
-                return False
+    # Each change as (time, change in the line's value at ``origin``, change in its slope), times from ``origin`` so
+    # that the lines' values do not lose precision to the clock's magnitude. Demand less supply: a slot free at
+    # ``free`` supplies max_load * (t - free) from then on.
+    origin = min(slots_free_at)
+    changes = [(free - origin, max_load * (free - origin), -max_load) for free in slots_free_at]
+    for n in needs:
+        changes.extend(_demand_changes(n, origin))
+    changes.sort(key=lambda change: change[0])
+    value = slope = 0.0
+    since = newcomer.due_at - origin
+    for t, value_change, slope_change in changes:
+        # Every change adds nothing or a step up at its own time, so checking after each one in turn is as good as
+        # after all those at one time.
+        value += value_change
+        slope += slope_change
+        if t >= since and value + slope * t > 1e-9:
+            return False
     return True
+
+
+def _demand_changes(need: Need, origin: float) -> list[tuple[float, float, float]]:
+    """Where ``need.by`` changes, as (time from ``origin``, change in its line's value at ``origin``, change in its
+    slope)."""
+    due = need.due_at - origin
+    if not math.isfinite(due):
+        return []
+    rate = need.per_audio_s
+    changes = [(due, need.start_s - rate * due, rate)]  # a step up to its start, then the steady rate
+    start_audio = min(need.start_audio_s, need.remaining_s)
+    if start_audio > 0 and need.start_extra_s > 0:  # its start's extra cost, spread over its first audio
+        extra_rate = need.start_extra_s / need.start_audio_s
+        changes += [(due, -extra_rate * due, extra_rate), (due + start_audio, extra_rate * (due + start_audio),
+                                                            -extra_rate)]
+    if math.isfinite(need.remaining_s):  # nothing more once its audio is all made
+        end = due + need.remaining_s
+        changes.append((end, rate * end, -rate))
+    return changes
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from rtvoice.engine.models.piper.plan import STARTING_FLOW_CHUNKS, DecodeChunk, 
 from rtvoice.engine.models.piper.voice import PiperVoice
 from rtvoice.engine.metrics import Metrics
 from rtvoice.engine.runner import BatchOutput
-from rtvoice.engine.scheduler import Batch, Limits, Scheduler
+from rtvoice.engine.scheduler import Batch, Limits, Need, Scheduler, schedulable
 from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import SpeechStream
 from tests.audio import same_speech, snr_db
@@ -348,6 +348,34 @@ def test_a_burst_past_capacity_on_a_slow_machine_does_not_collapse(seed: int) ->
     sim.run()
     assert len(sim.streams) == 80
     assert max(s.playback.stall_s for s in sim.streams) < 0.1
+
+
+def test_the_admission_test_compares_demand_and_supply_wherever_either_changes() -> None:
+    """``schedulable`` sweeps the times where demand or supply changes; it must agree with evaluating every need's
+    ``Need.by`` and every slot's supply at each of those times, on a clock far from zero as ``time.monotonic`` is."""
+    rng = np.random.default_rng(9)
+    clock = 1e6
+    verdicts = []
+    for _ in range(3000):
+        needs = []
+        for _ in range(int(rng.integers(1, 12))):
+            start_audio = float(rng.choice([0.0, rng.uniform(0.1, 3.0)]))
+            remaining = float(rng.choice([math.inf, rng.uniform(0.0, 8.0)]))
+            needs.append(Need(start_s=float(rng.uniform(0.0, 0.2)), due_at=clock + float(rng.uniform(0.0, 3.0)),
+                              per_audio_s=float(rng.uniform(0.02, 0.25)), remaining_s=remaining,
+                              start_extra_s=float(rng.uniform(0.0, 0.3)) if start_audio else 0.0,
+                              start_audio_s=start_audio))
+        slots_free_at = [clock + float(rng.choice([0.0, rng.uniform(0.0, 0.5)])) for _ in range(2)]
+        max_load = float(rng.uniform(0.3, 1.0))
+        newcomer, admitted = needs[-1], needs[:-1]
+        times = set(slots_free_at) | {t for n in needs for t in (n.due_at, n.due_at + n.start_audio_s,
+                                                                 n.due_at + n.remaining_s) if math.isfinite(t)}
+        by_definition = (sum(n.per_audio_s for n in needs if math.isinf(n.remaining_s)) <= max_load * 2
+                         and all(sum(n.by(t) for n in needs) <= max_load * sum(max(0.0, t - f) for f in slots_free_at)
+                                 + 1e-9 for t in times if t >= newcomer.due_at))
+        assert schedulable(newcomer, admitted, slots_free_at, max_load) == by_definition
+        verdicts.append(by_definition)
+    assert 0.2 < np.mean(verdicts) < 0.8  # both answers are exercised
 
 
 def test_streams_far_ahead_of_their_listeners_make_room_for_a_newcomer() -> None:
