@@ -47,6 +47,10 @@ class ChunkPlan:
     """The largest flow window."""
     crossfade_ms: float = 12.0
 
+    def first_chunk_frames(self, frame_ms: float) -> int:
+        """The first chunk in frames of ``frame_ms``: the smallest chunk the plan makes."""
+        return max(1, round(self.first_chunk_ms / frame_ms))
+
 
 @dataclass(frozen=True)
 class Geometry:
@@ -69,7 +73,7 @@ class Geometry:
 
     @classmethod
     def of(cls, plan: ChunkPlan, frame_ms: float, flow_context: int, decoder_context: int) -> Geometry:
-        first = max(1, round(plan.first_chunk_ms / frame_ms))
+        first = plan.first_chunk_frames(frame_ms)
         largest = max(first, round(plan.chunk_ms / frame_ms))
         return cls(
             first_chunk=first,

@@ -17,6 +17,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -182,9 +183,9 @@ class PiperVoice(Voice):
         self.encoder = onnxruntime.InferenceSession(self.graphs.encoder.model, options, providers=providers)
         self.flow = onnxruntime.InferenceSession(self.graphs.flow.model, options, providers=providers)
         exported_decoder = onnxruntime.InferenceSession(self.graphs.decoder.model, options, providers=providers)
-        self.flow_context, self.decoder_context = self._least_contexts(exported_decoder)
-
         frame_ms = 1000 * self.hop / self.info.sample_rate
+        self.flow_context, self.decoder_context = self._least_contexts(
+            exported_decoder, plan.first_chunk_frames(frame_ms), max(1, wide_threads))
         self.geometry = Geometry.of(plan, frame_ms, self.flow_context, self.decoder_context)
         self.planner = Planner(self.geometry)
         self.decoder, decoder_model = self._fastest_decoder(exported_decoder, options, providers)
@@ -196,14 +197,33 @@ class PiperVoice(Voice):
         self.frames_per_char: float | None = None
         """Frames of speech per character of text, from the warm-up sentence (for the encoder's share of cost)."""
 
-    def _least_contexts(self, decoder: onnxruntime.InferenceSession) -> tuple[int, int]:
-        """Context frames of flow windows and decoder chunks: the least at which chunks of a sentence match its
-        whole run (``context.py``), at most the reach of the stage's convolutions (``graph.context_frames``)."""
+    def _least_contexts(self, decoder: onnxruntime.InferenceSession, chunk_frames: int,
+                        threads: int) -> tuple[int, int]:
+        """Context frames of flow windows and decoder chunks: the least at which a sentence made in chunks of
+        ``chunk_frames`` (the plan's smallest) sounds as its whole run does (``context.py``), at most the reach of
+        the stage's convolutions (``graph.context_frames``). The flow's chunks are judged by the audio of the latent
+        they make. Chunks run on ``threads`` at once (nothing else runs while a voice loads)."""
         flow_bound = graph.context_frames(self.graphs.flow)
         decoder_bound = graph.context_frames(self.graphs.decoder)
         stages = self.sentence_stages(MEASURING_TEXT, seed=0, decoder=decoder)
-        flow_context = context.least_context(stages.flow, stages.latent, stages.frames, 1, flow_bound)
-        decoder_context = context.least_context(stages.decode, stages.audio, stages.frames, self.hop, decoder_bound)
+        frames, hop = stages.frames, self.hop
+        with ThreadPoolExecutor(threads, thread_name_prefix="rtvoice-context") as pool:
+
+            def decoded(latent: np.ndarray) -> np.ndarray:
+                """The audio of a whole latent, in a piece per thread with the decoder's full reach as context (so
+                the pieces join as one run does)."""
+                def decode(lo: int, hi: int) -> np.ndarray:
+                    (audio,) = decoder.run(None, {self.graphs.latent: latent[None, :, lo:hi]})
+                    return audio.reshape(-1)
+
+                return context.tiled(decode, frames, hop, -(-frames // threads), decoder_bound, pool.map)
+
+            decoder_context = context.least_context(
+                lambda frames_around: context.tiled(stages.decode, frames, hop, chunk_frames, frames_around,
+                                                    pool.map), stages.audio, decoder_bound)
+            flow_context = context.least_context(
+                lambda frames_around: decoded(context.tiled(stages.flow, frames, 1, chunk_frames, frames_around,
+                                                            pool.map)), decoded(stages.latent), flow_bound)
         log.info("voice %s: context frames: flow %d (the graph's reach: %d), decoder %d (%d)", self.info.id,
                  flow_context, flow_bound, decoder_context, decoder_bound)
         return flow_context, decoder_context
