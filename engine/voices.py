@@ -78,7 +78,8 @@ class VoiceRegistry:
             started = time.perf_counter()
             try:
                 piper = PiperVoice(path, plan=plan, intra_op_threads=settings.intra_op_threads,
-                                   wide_threads=settings.wide_call_threads())
+                                   wide_threads=settings.wide_call_threads(),
+                                   measured_dir=settings.data_dir / "measured")
             except Exception as error:  # onnxruntime, JSON and the graph splitter each fail their own way
                 raise VoiceLoadError(f"cannot load the Piper voice {path}: {error}") from error
             voices.append(piper)

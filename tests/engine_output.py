@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from pathlib import Path
 
@@ -11,12 +12,23 @@ import numpy as np
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.settings import EngineSettings
-from rtvoice.engine.voices import embedded_voice_path
+from rtvoice.engine.voices import VoiceRegistry, embedded_voice_path
 
 EMBEDDED_VOICE_RATE: int = json.loads(Path(f"{embedded_voice_path()}.json").read_text())["audio"]["sample_rate"]
 """The embedded voice's own rate, from its config: what routes answer at unless asked for another."""
 
-_engine: Engine | None = None
+
+
+@functools.cache
+def default_voices() -> VoiceRegistry:
+    """The default settings' voices, loaded once per test process: the in-process references share them (a voice's
+    load measures and times it for seconds; what it measured is the same for every engine)."""
+    return VoiceRegistry.load(EngineSettings(warmup=False))
+
+
+def reference_engine() -> Engine:
+    """An engine of the default settings without warm-up (nothing measured yet), on the shared voices."""
+    return Engine(EngineSettings(warmup=False), voices=default_voices())
 
 
 def synthesize(text: str, seed: int, sample_rate: int | None = None, voice: str | None = None,
@@ -24,7 +36,7 @@ def synthesize(text: str, seed: int, sample_rate: int | None = None, voice: str 
     """int16 samples of ``text`` as the default engine streams them."""
 
     async def run() -> np.ndarray:
-        engine = Engine(EngineSettings(warmup=False))
+        engine = reference_engine()
         await engine.start()
         try:
             stream = engine.open_stream(engine.resolve_voice(voice), SynthesisOptions(speed=speed, seed=seed),

@@ -7,11 +7,10 @@ import asyncio
 import numpy as np
 
 from rtvoice.engine.audio.pcm import leading_silence
-from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.output import MAX_TRIMMED_S, ONSET_LEAD_S, SILENCE_THRESHOLD
-from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import AudioChunk, WordTiming
+from tests.engine_output import reference_engine
 
 TEXT = "Hello! How can I help you today?"
 RATE = 48000
@@ -26,7 +25,7 @@ def test_leading_silence_counts_quiet_samples() -> None:
 
 def _synthesize(trim: bool) -> tuple[np.ndarray, list[WordTiming]]:
     async def run() -> tuple[np.ndarray, list[WordTiming]]:
-        engine = Engine(EngineSettings(warmup=False))
+        engine = reference_engine()
         await engine.start()
         try:
             stream = engine.open_stream(engine.resolve_voice(None), SynthesisOptions(seed=7), RATE, text=TEXT,

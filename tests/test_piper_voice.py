@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -118,6 +121,44 @@ def test_least_context_of_a_known_filter() -> None:
     assert context.below_db(power, whole, streamed(least)) >= 60 > context.below_db(power, whole, streamed(least - 1))
     assert np.allclose(streamed(reach), whole, rtol=0, atol=1e-12)
     assert context.least_context(streamed, whole, reach, tolerance_db=math.inf) == reach
+
+
+def test_measured_contexts_are_kept_for_the_same_weights_and_measure(tmp_path: Path) -> None:
+    """What a measure gave is read back for the same key; another key, a spoilt file or no directory measures again,
+    and a directory that cannot be written still gives the measure."""
+    measured: list[int] = []
+
+    def measure() -> tuple[int, int]:
+        measured.append(1)
+        return 27, 10
+
+    key = {"weights_sha256": "ab" * 32, "version": context.MEASURE_VERSION}
+    assert context.remembered(tmp_path, key, measure) == (27, 10) and len(measured) == 1
+    assert context.remembered(tmp_path, key, measure) == (27, 10) and len(measured) == 1
+    assert context.remembered(tmp_path, {**key, "version": key["version"] + 1}, measure) == (27, 10)
+    assert len(measured) == 2
+    for kept in tmp_path.glob("*.json"):
+        kept.write_text("{not json")
+    assert context.remembered(tmp_path, key, measure) == (27, 10) and len(measured) == 3
+    assert context.remembered(None, key, measure) == (27, 10) and len(measured) == 4
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    assert context.remembered(blocked, key, measure) == (27, 10) and len(measured) == 5
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_voice_keeps_the_contexts_it_measured(piper_voice: PiperVoice, tmp_path: Path) -> None:
+    """A voice loaded with a directory for them keeps what it measured there, under its weights' digest, and the
+    next load reads them back: the same as the voice measured without one."""
+    first = PiperVoice(embedded_voice_path(), measured_dir=tmp_path)
+    (kept,) = [json.loads(path.read_text()) for path in tmp_path.glob("*.json")]
+    assert kept["key"]["weights_sha256"] == hashlib.sha256(embedded_voice_path().read_bytes()).hexdigest()
+    assert (kept["flow"], kept["decoder"]) == (first.flow_context, first.decoder_context)
+    assert (first.flow_context, first.decoder_context) == (piper_voice.flow_context, piper_voice.decoder_context)
+    kept["flow"] -= 1  # a kept figure, not a measured one, is what the next load takes
+    (path,) = tmp_path.glob("*.json")
+    path.write_text(json.dumps(kept))
+    assert PiperVoice(embedded_voice_path(), measured_dir=tmp_path).flow_context == first.flow_context - 1
 
 
 def test_chunked_decode_equals_whole_decode(piper_voice: PiperVoice) -> None:

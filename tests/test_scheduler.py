@@ -31,6 +31,7 @@ from tests.audio import same_speech, snr_db
 from tests.conftest import Server
 from tests.fake_voice import Costs, FakeDecode, FakeVoice, Simulation
 from testkit.polling import wait_for
+from tests.engine_output import reference_engine
 
 LONG = " ".join(["The long story goes on and on, sentence after sentence, for a good while."] * 30)
 SHORT = "Short one."
@@ -461,7 +462,7 @@ def test_batching_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     async def run(together: bool) -> tuple[list[np.ndarray], int]:
         # No warm-up, so nothing is measured yet and all eight are admitted at once: their encoder passes are
         # ready together and share calls.
-        engine = Engine(EngineSettings(warmup=False))
+        engine = reference_engine()
         await engine.start()
         try:
             voice = engine.resolve_voice(None)

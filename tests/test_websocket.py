@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import websockets
 
-from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import AudioChunk, SegmentDone
@@ -20,7 +19,7 @@ from rtvoice.engine.text import Segmenter
 from tests.audio import same_speech
 from tests.conftest import Server, settled_audio_seconds
 from testkit.polling import wait_for
-from tests.engine_output import EMBEDDED_VOICE_RATE
+from tests.engine_output import EMBEDDED_VOICE_RATE, reference_engine
 
 SENTENCE = "This sentence comes from rtvoice, streaming as it speaks."
 LONG_TEXT = " ".join([
@@ -46,7 +45,7 @@ def engine_pcm(jobs: list[Job]) -> list[np.ndarray]:
     """int16 samples the engine streams for each job (one engine for all of them)."""
 
     async def run() -> list[np.ndarray]:
-        engine = Engine(EngineSettings(warmup=False))
+        engine = reference_engine()
         await engine.start()
         try:
             results = []

@@ -15,9 +15,9 @@ from rtvoice.engine.audio.pcm import to_float32, to_int16
 from rtvoice.engine.audio.resample import resample
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
-from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import AudioChunk, SegmentDone, WordTiming
 from rtvoice.engine.text import Segmenter
+from tests.engine_output import reference_engine
 
 TEXT = "It costs $100, Dr. Smith said. Then we walked home, e.g. past the old mill, at 5 o'clock."
 SAMPLE_EDGE_S = 0.002
@@ -27,7 +27,7 @@ SAMPLE_EDGE_S = 0.002
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
     loop = asyncio.new_event_loop()
-    engine = Engine(EngineSettings(warmup=False))
+    engine = reference_engine()
     loop.run_until_complete(engine.start())
     engine.loop = loop  # type: ignore[attr-defined]
     yield engine

@@ -15,7 +15,14 @@ judged by its latent alone falls short of what the listener gets.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import logging
+import os
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +36,12 @@ still; the tests take 60 dB as the same speech. On the embedded voice this gives
 of one frame, the worst the plan can make, 97-101. The earlier measure (90 dB, the flow judged by its latent on
 32-frame chunks) gave flow 21, at which five sentences in 10-frame windows were 55-78 dB from their whole runs (two
 seeds each), and one seed's audio over a WebSocket fell under 60 dB from the same request made alone (CI)."""
+
+MEASURE_VERSION = 2
+"""Goes up whenever what the measurement computes changes, so that contexts an older rtvoice kept are measured again
+(1: each stage's own output on 32-frame chunks)."""
+
+log = logging.getLogger(__name__)
 
 RunStage = Callable[[int, int], np.ndarray]
 """Runs a stage on input frames ``[lo, hi)`` of the sentence: its output, ``per_frame`` values per frame along the
@@ -79,3 +92,28 @@ def least_context(streamed: Callable[[int], np.ndarray], whole: np.ndarray, boun
     while matching > 0 and matches(trial := max(0, matching - step)):
         matching, step = trial, 2 * step
     return 0 if matching == 0 else smallest(trial, matching, matches)
+
+
+def remembered(directory: Path | None, key: dict[str, Any], measure: Callable[[], tuple[int, int]]) -> tuple[int, int]:
+    """``measure()``, or what it gave for the same ``key`` before, kept as JSON in ``directory`` (None: keep
+    nothing). The contexts follow from a voice's weights and how they are measured, not from the machine, and
+    measuring takes seconds of every start; a file that cannot be read or written is measured again or left out."""
+    if directory is None:
+        return measure()
+    path = directory / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()}.json"
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+        if kept["key"] == key:
+            log.info("context frames as measured before (%s): flow %d, decoder %d", path, kept["flow"], kept["decoder"])
+            return int(kept["flow"]), int(kept["decoder"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not measured yet, or not readable: measure
+    flow, decoder = measure()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False, encoding="utf-8") as file:
+            json.dump({"key": key, "flow": flow, "decoder": decoder}, file)
+        os.replace(file.name, path)  # whole or not at all, for a server starting beside this one
+    except OSError as error:
+        log.warning("could not keep the measured contexts in %s: %s", directory, error)
+    return flow, decoder

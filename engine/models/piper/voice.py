@@ -11,6 +11,8 @@ overlap by a few samples, joined with a Hamming cross-fade.
 from __future__ import annotations
 
 import copy
+import hashlib
+import importlib.metadata
 import json
 import logging
 import math
@@ -152,8 +154,10 @@ class PiperVoice(Voice):
         plan: ChunkPlan = ChunkPlan(),
         intra_op_threads: int = 1,
         wide_threads: int = 1,
+        measured_dir: Path | None = None,
     ) -> None:
-        """``wide_threads``: the cores a call may use when the runner lends it every slot (``run_wide``)."""
+        """``wide_threads``: the cores a call may use when the runner lends it every slot (``run_wide``);
+        ``measured_dir``: where the context frames measured for these weights are kept (None: measured each time)."""
         model_path = Path(model_path)
         config_path = Path(f"{model_path}.json")
         if not config_path.exists():
@@ -174,7 +178,8 @@ class PiperVoice(Voice):
         # piper-tts's own phonemiser (espeak-ng and friends); its ONNX session is ours, not its.
         self.phonemizer = PiperPhonemizer(session=None, config=self.config)  # type: ignore[arg-type]
 
-        model = onnx.load(str(model_path))
+        model_bytes = model_path.read_bytes()
+        model = onnx.load_from_string(model_bytes)
         self.graphs = graph.split(model)
         self.duration_noise_channels = [graph.noise_channels(model, name) for name in self.graphs.duration_noise]
         del model
@@ -184,8 +189,17 @@ class PiperVoice(Voice):
         self.flow = onnxruntime.InferenceSession(self.graphs.flow.model, options, providers=providers)
         exported_decoder = onnxruntime.InferenceSession(self.graphs.decoder.model, options, providers=providers)
         frame_ms = 1000 * self.hop / self.info.sample_rate
-        self.flow_context, self.decoder_context = self._least_contexts(
-            exported_decoder, plan.first_chunk_frames(frame_ms), max(1, wide_threads))
+        chunk_frames = plan.first_chunk_frames(frame_ms)
+        # What the measured contexts follow from: the weights, the config (the phonemes), the measurement, and the
+        # libraries that run it.
+        measure = {"weights_sha256": hashlib.sha256(model_bytes).hexdigest(),
+                   "config_sha256": hashlib.sha256(config_path.read_bytes()).hexdigest(),
+                   "version": context.MEASURE_VERSION, "tolerance_db": context.TOLERANCE_DB,
+                   "chunk_frames": chunk_frames, "text": MEASURING_TEXT, "onnxruntime": onnxruntime.__version__,
+                   "piper_tts": importlib.metadata.version("piper-tts")}
+        del model_bytes
+        self.flow_context, self.decoder_context = context.remembered(
+            measured_dir, measure, lambda: self._least_contexts(exported_decoder, chunk_frames, max(1, wide_threads)))
         self.geometry = Geometry.of(plan, frame_ms, self.flow_context, self.decoder_context)
         self.planner = Planner(self.geometry)
         self.decoder, decoder_model = self._fastest_decoder(exported_decoder, options, providers)
