@@ -162,7 +162,8 @@ class PiperVoice(Voice):
         config_path = Path(f"{model_path}.json")
         if not config_path.exists():
             raise FileNotFoundError(f"voice config {config_path} is missing")
-        config_dict = json.loads(config_path.read_text(encoding="utf-8"))
+        config_bytes = config_path.read_bytes()
+        config_dict = json.loads(config_bytes.decode("utf-8"))
         self.config = PiperConfig.from_dict(config_dict)
         language = config_dict.get("language", {}).get("code") or self.config.espeak_voice
         name = model_path.name.removesuffix(".onnx")
@@ -193,7 +194,7 @@ class PiperVoice(Voice):
         # What the measured contexts follow from: the weights, the config (the phonemes), the measurement, and the
         # libraries that run it.
         measure = {"weights_sha256": hashlib.sha256(model_bytes).hexdigest(),
-                   "config_sha256": hashlib.sha256(config_path.read_bytes()).hexdigest(),
+                   "config_sha256": hashlib.sha256(config_bytes).hexdigest(),
                    "version": context.MEASURE_VERSION, "tolerance_db": context.TOLERANCE_DB,
                    "chunk_frames": chunk_frames, "text": MEASURING_TEXT, "onnxruntime": onnxruntime.__version__,
                    "piper_tts": importlib.metadata.version("piper-tts")}
