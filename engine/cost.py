@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rtvoice.engine.models.base import CostEstimate
 
@@ -41,8 +41,12 @@ class LinearFit:
     wxx: float = 0.0
     wxy: float = 0.0
     observations: int = 0
+    _coefficients: tuple[float, float] | None = field(default=None, repr=False, compare=False)
+    """Fixed part and slope, worked out once per observation: the planner asks for thousands of predictions
+    between two calls."""
 
     def observe(self, x: float, y: float) -> None:
+        self._coefficients = None
         keep = 0.5 ** (1 / self.half_life)
         self.w = self.w * keep + 1
         self.wx = self.wx * keep + x
@@ -52,6 +56,11 @@ class LinearFit:
         self.observations += 1
 
     def coefficients(self) -> tuple[float, float]:
+        if self._coefficients is None:
+            self._coefficients = self._fit()
+        return self._coefficients
+
+    def _fit(self) -> tuple[float, float]:
         mean_x, mean_y = self.wx / self.w, self.wy / self.w
         var_x = self.wxx / self.w - mean_x * mean_x
         if var_x > (0.05 * mean_x) ** 2:  # sizes spread enough to tell the fixed part from the slope
@@ -88,6 +97,24 @@ class RatioFit:
         return self.compute_s / self.audio_s if self.audio_s > 0 else None
 
 
+@dataclass(frozen=True)
+class Estimator:
+    """``CostModel.call_s`` for one cost key, at one version of its fits."""
+
+    model: CostModel = field(compare=False, hash=False)
+    key: Hashable
+    all_slots_busy: bool
+    version: int
+    model_id: int = field(init=False)
+    """The model's identity: estimators of two models are never equal."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_id", id(self.model))
+
+    def __call__(self, kind: str, size: int) -> float:
+        return self.model.call_s(self.key, kind, size, self.all_slots_busy)
+
+
 class CostModel:
     def __init__(self) -> None:
         self._calls: dict[tuple[Hashable, str], LinearFit] = {}
@@ -96,9 +123,12 @@ class CostModel:
         self._rtf: dict[Hashable, RatioFit] = {}
         self._surprises: deque[float] = deque(maxlen=SURPRISES_KEPT)
         self._holds_s: dict[Hashable, deque[float]] = {}
+        self._versions: dict[Hashable, int] = {}
+        """Calls measured so far per cost key: the version of its estimates."""
 
     def observe_call(self, key: Hashable, kind: str, size: int, seconds: float, all_slots_busy: bool = False) -> None:
         """One timed call; ``all_slots_busy`` when every runner slot held a call while it ran."""
+        self._versions[key] = self._versions.get(key, 0) + 1
         fit = self._calls.setdefault((key, kind), LinearFit())
         if fit.observations:
             predicted = fit.predict(float(size))
@@ -138,7 +168,9 @@ class CostModel:
         return fit.predict(float(size)) if fit is not None else 0.0
 
     def estimator(self, key: Hashable, all_slots_busy: bool = False) -> CostEstimate:
-        return lambda kind, size: self.call_s(key, kind, size, all_slots_busy)
+        """The key's estimates as they stand: equal to another while no call of the key has been measured between
+        them (what is worked out from one may be kept under it until then)."""
+        return Estimator(self, key, all_slots_busy, self._versions.get(key, 0))
 
     def observe_output(self, key: Hashable, compute_s: float, audio_s: float) -> None:
         self._rtf.setdefault(key, RatioFit()).observe(compute_s, audio_s)

@@ -79,7 +79,9 @@ class Step(Generic[PayloadT]):
 
 
 CostEstimate = Callable[[str, int], float]
-"""Estimated seconds of one call of a step kind and size, as measured on this machine (0 when unknown)."""
+"""Estimated seconds of one call of a step kind and size, as measured on this machine (0 when unknown). One that is
+hashable answers the same for as long as it is equal to itself (``CostModel.estimator``: until the next measured
+call), so what a voice works out from it alone may be kept under it."""
 
 
 @dataclass(frozen=True)

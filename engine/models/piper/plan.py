@@ -36,6 +36,10 @@ listeners at once with model calls x2 made 5-9% more audio per second; 19 joinin
 525, 398, 453, 516 ms against 569, 493, 681, 602, 375)."""
 
 
+LEAST_CHUNKS_KEPT = 8
+"""Estimates whose least chunk a planner keeps (two per turn of the engine: with every slot busy, and lately)."""
+
+
 @dataclass(frozen=True)
 class ChunkPlan:
     """Sizes in milliseconds of audio, from the settings; the voice converts them to frames."""
@@ -129,6 +133,9 @@ class DecodeChunk(Span):
 class Planner:
     def __init__(self, geometry: Geometry) -> None:
         self.g = geometry
+        self._least: dict[tuple[CostEstimate, float], int] = {}
+        """``least_chunk`` by estimate and margin: admission asks it of every stream at every turn of the engine,
+        with the same estimates until the next call is measured (a pure function's results, not any stream's)."""
 
     # -- shapes -------------------------------------------------------------------------------------
 
@@ -190,6 +197,19 @@ class Planner:
         (its flow window and its decode, with the safety factor); the first chunk is the smallest size from
         which they can grow by ``RAMP_GROWTH`` (the largest when none can: the machine is that slow).
         """
+        try:
+            memo_key = (budget.cost, budget.safety)
+            hash(memo_key)
+        except TypeError:  # an estimate that may change while it is the same object: worked out every time
+            return self._least_chunk(budget)
+        frames = self._least.get(memo_key)
+        if frames is None:
+            if len(self._least) >= LEAST_CHUNKS_KEPT:
+                self._least.clear()
+            frames = self._least[memo_key] = self._least_chunk(budget)
+        return frames
+
+    def _least_chunk(self, budget: StepBudget) -> int:
         g = self.g
         if not math.isfinite(budget.cost("decode", g.first_chunk)):
             return g.first_chunk  # a budget nothing fits: the configured size
