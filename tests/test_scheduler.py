@@ -127,6 +127,29 @@ def test_cost_fit_learns_fixed_and_per_unit_costs_and_follows_a_change() -> None
     assert fit.predict(50) == pytest.approx(2 * (0.003 + 0.0009 * 50), rel=0.02)
 
 
+def test_estimates_are_equal_until_the_next_measured_call_and_the_least_chunk_follows_them() -> None:
+    """Admission plans every stream at every turn of the engine, so a voice keeps what it works out from one set of
+    estimates (its least chunk); a call measured since must give new estimates, and with them a new least chunk."""
+    costs = CostModel()
+    for size in (20, 60, 100):
+        costs.observe_call("voice", "decode", size, 0.002 + 0.0001 * size)
+        costs.observe_call("voice", "flow", size, 0.001 + 0.00005 * size)
+    before = costs.estimator("voice")
+    assert before == costs.estimator("voice") and hash(before) == hash(costs.estimator("voice"))
+    assert before != costs.estimator("voice", all_slots_busy=True) and before != CostModel().estimator("voice")
+    voice = FakeVoice()
+    planner = voice.planner
+    fast = planner.least_chunk(StepBudget(0.0, 0.0, before, safety=1.5))
+    for size in (20, 60, 100) * 8:  # the machine gets far slower
+        costs.observe_call("voice", "decode", size, 30 * (0.002 + 0.0001 * size))
+        costs.observe_call("voice", "flow", size, 30 * (0.001 + 0.00005 * size))
+    after = costs.estimator("voice")
+    assert after != before
+    slow = planner.least_chunk(StepBudget(0.0, 0.0, after, safety=1.5))
+    assert slow > fast  # a slower machine starts from a larger chunk, not the one kept for the old estimates
+    assert slow == planner._least_chunk(StepBudget(0.0, 0.0, after, safety=1.5))
+
+
 def test_the_margin_follows_how_far_calls_overrun_their_estimates() -> None:
     """A machine whose speed jumps (shared with other work) gets a wider margin than the configured one."""
     steady, jumpy = CostModel(), CostModel()
