@@ -267,10 +267,17 @@ class Simulation:
     def at(self, time_s: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._arrivals, (time_s, next(self._order), action))
 
+    def _open_streams(self) -> tuple[int, int]:
+        return len(self.streams), sum(stream.closed for stream in self.streams)
+
     def run(self, until: float = float("inf")) -> None:
-        """Advance until nothing is left to do (or ``until``)."""
+        """Advance until nothing is left to do (or ``until``). As the engine's loop, it lets streams go and admits
+        waiting ones when a call has ended or a stream has come or gone, not at the other events of a test (a
+        listener looking whether its utterance has played out)."""
+        woken = True
         while True:
-            self.scheduler.release()
+            if woken:
+                self.scheduler.release()
             while (batch := self.scheduler.pick_batch()) is not None:
                 results = self.voice.run(batch.payloads)
                 seconds = self.voice.call_s(batch.payloads)  # type: ignore[arg-type]
@@ -284,8 +291,11 @@ class Simulation:
                 return
             if next_arrival <= next_call:
                 self.clock.now = max(self.clock.now, next_arrival)
+                before = self._open_streams()
                 heapq.heappop(self._arrivals)[2]()
+                woken = self._open_streams() != before
             else:
+                woken = True
                 call = heapq.heappop(self.calls)
                 self.clock.now = call.ends_at
                 self.scheduler.complete(call.batch, call.output)

@@ -573,11 +573,11 @@ def test_admission_limits_and_cancellation(start_server) -> None:  # type: ignor
 
 
 def test_past_capacity_newcomers_get_503_with_retry_after(start_server) -> None:  # type: ignore[no-untyped-def]
-    """With model calls made 10x slower (the cost-scale hook) the machine makes little audio per second; once the
+    """With model calls made 5x slower (the cost-scale hook) the machine makes little audio per second; once the
     streams speaking need all of it, a newcomer is refused (no queue here) instead of slowing them down."""
-    server: Server = start_server(model_cost_scale="10", max_queued_streams="0")
+    server: Server = start_server(model_cost_scale="5", max_queued_streams="0")
     capacity = server.metric("rtvoice_capacity_audio_seconds_per_second")
-    assert 0 < capacity < 8, capacity  # measured at start-up, with the calls 10x slower
+    assert 0 < capacity < 8, capacity  # measured at start-up, with the calls 5x slower
     body = {"tts_text": LONG, "format": "pcm"}
     clients, streams, readers = [], [], []
     refused = None
