@@ -2,7 +2,7 @@
 
     python -m bench.load                  # the issue-9 targets (about 3 minutes on 2 cores)
     python -m bench.load --levels 1 8 16  # a sweep of listener counts instead; --batching-off and Piper too
-    python -m bench.load --levels 24 --join-seconds 0 --no-piper --timeline   # and each utterance's times
+    python -m bench.load --levels 24 --join-seconds 0 --no-piper --timeline   # and each utterance's times and gaps
 
 A simulated listener asks for an utterance, plays it in real time from its first byte (a stall is a gap over
 20 ms with nothing to play) and asks for the next one when playback ends; listeners join one by one over
@@ -73,6 +73,8 @@ class Utterance:
     played_s: float
     """When its playback ended."""
     audio_s: float
+    stalls: list[tuple[float, float]] = field(default_factory=list)
+    """Its gaps over the threshold: (when, in seconds from the row's start, and how long)."""
 
 
 @dataclass
@@ -127,6 +129,7 @@ async def listen(target: Target, client: httpx.AsyncClient, index: int, level: i
             start = time.perf_counter()
             runs_out_at: float | None = None
             first_byte_at, audio_before = 0.0, listener.audio_s
+            gaps: list[tuple[float, float]] = []
             header = WAV_HEADER if target.route == "piper" else 0
             try:
                 async with target.request(client, text) as response:
@@ -153,6 +156,7 @@ async def listen(target: Target, client: httpx.AsyncClient, index: int, level: i
                             if now - runs_out_at > STALL_THRESHOLD_S:
                                 listener.stalls += 1
                                 listener.stall_s += now - runs_out_at
+                                gaps.append((runs_out_at - row_start, now - runs_out_at))
                             runs_out_at = now
                         runs_out_at += seconds
                         listener.audio_s += seconds
@@ -163,7 +167,7 @@ async def listen(target: Target, client: httpx.AsyncClient, index: int, level: i
             if runs_out_at is not None:
                 listener.utterances.append(Utterance(
                     index, start - row_start, first_byte_at - row_start, listener.last_byte_at - row_start,
-                    runs_out_at - row_start, listener.audio_s - audio_before))
+                    runs_out_at - row_start, listener.audio_s - audio_before, gaps))
                 await asyncio.sleep(max(0.0, runs_out_at - time.perf_counter()))  # play to the end
 
 
@@ -307,10 +311,11 @@ def wait_bound(seconds: float | None) -> str:
 def print_timeline(row: Row) -> None:
     """Each utterance of a row, in the order asked: when its first and last bytes came and its playback ended."""
     print(f"\n{row.name}: each utterance, seconds from the row's start")
-    print(f"{'listener':>8} {'asked':>7} {'TTFA':>8} {'last byte':>9} {'played':>7} {'audio':>6}")
+    print(f"{'listener':>8} {'asked':>7} {'TTFA':>8} {'last byte':>9} {'played':>7} {'audio':>6}  stalls (at: s)")
     for u in row.timeline:
+        stalls = " ".join(f"{at:.2f}: {gap:.2f}" for at, gap in u.stalls)
         print(f"{u.listener:8d} {u.asked_s:7.2f} {(u.first_byte_s - u.asked_s) * 1e3:6.0f}ms {u.last_byte_s:9.2f} "
-              f"{u.played_s:7.2f} {u.audio_s:6.2f}")
+              f"{u.played_s:7.2f} {u.audio_s:6.2f}  {stalls}")
 
 
 # -- Piper's whole-WAV throughput -------------------------------------------------------------------
@@ -455,7 +460,8 @@ def main() -> None:
                         "the default voice with --env)")
     parser.add_argument("--no-piper", action="store_true", help="sweep: leave Piper's HTTP server out")
     parser.add_argument("--timeline", action="store_true",
-                        help="sweep: also each utterance's times (asked, first and last byte, end of playback)")
+                        help="sweep: also each utterance's times (asked, first and last byte, end of playback) "
+                             "and its gaps")
     args = parser.parse_args()
     env = dict(item.split("=", 1) for item in args.env)
     if args.levels:
