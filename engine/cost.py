@@ -21,6 +21,10 @@ from rtvoice.engine.models.base import CostEstimate
 SURPRISES_KEPT = 64
 """Recent calls whose actual-to-estimated time ratio sets how far estimates are trusted."""
 SURPRISE_QUANTILE = 0.9
+TAIL_SURPRISES_KEPT = 256
+"""Recent calls whose ratios set the tail of the overruns: seconds of calls under load, so that the rare call that
+runs two or three times its estimate (the machine stalls both slots at once) is among them."""
+TAIL_SURPRISE_QUANTILE = 0.98
 CALL_HALF_LIFE = 16
 """A call's weight in its fit halves after this many later calls of the same kind."""
 AUDIO_HALF_LIFE_S = 60.0
@@ -121,7 +125,7 @@ class CostModel:
         self._busy_calls: dict[tuple[Hashable, str], LinearFit] = {}
         """The same, from calls made while every runner slot was busy: what the machine does at full load."""
         self._rtf: dict[Hashable, RatioFit] = {}
-        self._surprises: deque[float] = deque(maxlen=SURPRISES_KEPT)
+        self._surprises: deque[float] = deque(maxlen=TAIL_SURPRISES_KEPT)
         self._holds_s: dict[Hashable, deque[float]] = {}
         self._versions: dict[Hashable, int] = {}
         """Calls measured so far per cost key: the version of its estimates."""
@@ -141,10 +145,19 @@ class CostModel:
     def surprise(self) -> float:
         """How much longer than estimated calls have lately taken: the 90th percentile of the actual-to-estimated
         ratio over recent calls (1 when they keep to their estimates, more on a machine whose speed jumps)."""
-        if len(self._surprises) < SURPRISES_KEPT // 4:
+        recent = list(self._surprises)[-SURPRISES_KEPT:]
+        if len(recent) < SURPRISES_KEPT // 4:
+            return 1.0
+        ordered = sorted(recent)
+        return max(1.0, ordered[int(SURPRISE_QUANTILE * (len(ordered) - 1))])
+
+    def tail_surprise(self) -> float:
+        """How much longer than estimated the slowest calls have lately taken: the 98th percentile of the same ratio
+        over more calls (1 before as many as ``surprise`` keeps)."""
+        if len(self._surprises) < SURPRISES_KEPT:
             return 1.0
         ordered = sorted(self._surprises)
-        return max(1.0, ordered[int(SURPRISE_QUANTILE * (len(ordered) - 1))])
+        return max(1.0, ordered[int(TAIL_SURPRISE_QUANTILE * (len(ordered) - 1))])
 
     def observe_hold(self, key: Hashable, seconds: float) -> None:
         """How long one call of the key held its runner slot as the event loop saw it: the call, and the wait for

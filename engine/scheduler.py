@@ -447,7 +447,8 @@ class Scheduler:
         call_s = policy.call_budget(others, now, other_slots, safety)
         cost = self.costs.estimator(head_stream.voice.cost_key)
         step = head_stream.session.plan_step(StepBudget(call_s=call_s, due_s=head_stream.playback.due_in(now),
-                                                        cost=cost, safety=safety, load=load))
+                                                        cost=cost, safety=safety, own_safety=self.costs.tail_surprise(),
+                                                        load=load))
         assert step is not None
         items = [(head_stream, step)]
         # Split ready work over the free runner slots rather than queueing it all behind one call.

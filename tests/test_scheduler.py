@@ -165,6 +165,21 @@ def test_the_margin_follows_how_far_calls_overrun_their_estimates() -> None:
         assert scheduler.safety() == pytest.approx(margin)
 
 
+def test_a_streams_own_buffer_is_kept_against_the_slowest_calls() -> None:
+    """One call in 25 taking three times its estimate leaves the 90th percentile (the margin on call budgets) at 1,
+    but a stream's next audio must still come before its listener runs out if its own call is such a one."""
+    costs = CostModel()
+    for n in range(128):
+        size = 20 + n % 40
+        costs.observe_call("voice", "decode", size, (3 if n % 25 == 24 else 1) * (0.003 + 0.0009 * size))
+    assert costs.surprise() == pytest.approx(1.0)
+    assert costs.tail_surprise() > 2.5  # (the fits follow each overrun a little)
+    relaxed = StepBudget(math.inf, 0.1, costs.estimator("voice"), safety=1.5)
+    kept = StepBudget(math.inf, 0.1, costs.estimator("voice"), safety=1.5, own_safety=costs.tail_surprise())
+    assert relaxed.due_fits(0.05) and not kept.due_fits(0.05)  # 1.5 x 0.05 fits 0.1 s of audio; 3 x 0.05 does not
+    assert kept.due_fits(0.03) and kept.call_fits(0.05)  # the call budget keeps the usual margin
+
+
 # -- the chunk plan, on simulated time --------------------------------------------------------------
 
 
