@@ -12,6 +12,7 @@ Nothing here knows a machine's speed: every number comes from measured calls.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -101,6 +102,10 @@ class RatioFit:
         return self.compute_s / self.audio_s if self.audio_s > 0 else None
 
 
+_serials = itertools.count()
+"""Each CostModel's number: estimators of two models are never equal (an ``id`` may be reused)."""
+
+
 @dataclass(frozen=True)
 class Estimator:
     """``CostModel.call_s`` for one cost key, at one version of its fits."""
@@ -109,11 +114,8 @@ class Estimator:
     key: Hashable
     all_slots_busy: bool
     version: int
-    model_id: int = field(init=False)
-    """The model's identity: estimators of two models are never equal."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "model_id", id(self.model))
+    serial: int
+    """The model's number."""
 
     def __call__(self, kind: str, size: int) -> float:
         return self.model.call_s(self.key, kind, size, self.all_slots_busy)
@@ -129,6 +131,7 @@ class CostModel:
         self._holds_s: dict[Hashable, deque[float]] = {}
         self._versions: dict[Hashable, int] = {}
         """Calls measured so far per cost key: the version of its estimates."""
+        self._serial = next(_serials)
 
     def observe_call(self, key: Hashable, kind: str, size: int, seconds: float, all_slots_busy: bool = False) -> None:
         """One timed call; ``all_slots_busy`` when every runner slot held a call while it ran."""
@@ -183,7 +186,7 @@ class CostModel:
     def estimator(self, key: Hashable, all_slots_busy: bool = False) -> CostEstimate:
         """The key's estimates as they stand: equal to another while no call of the key has been measured between
         them (what is worked out from one may be kept under it until then)."""
-        return Estimator(self, key, all_slots_busy, self._versions.get(key, 0))
+        return Estimator(self, key, all_slots_busy, self._versions.get(key, 0), self._serial)
 
     def observe_output(self, key: Hashable, compute_s: float, audio_s: float) -> None:
         self._rtf.setdefault(key, RatioFit()).observe(compute_s, audio_s)

@@ -267,7 +267,8 @@ class Simulation:
     def at(self, time_s: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._arrivals, (time_s, next(self._order), action))
 
-    def _open_streams(self) -> tuple[int, int]:
+    def _stream_counts(self) -> tuple[int, int]:
+        """Streams opened, and those of them closed."""
         return len(self.streams), sum(stream.closed for stream in self.streams)
 
     def run(self, until: float = float("inf")) -> None:
@@ -291,9 +292,9 @@ class Simulation:
                 return
             if next_arrival <= next_call:
                 self.clock.now = max(self.clock.now, next_arrival)
-                before = self._open_streams()
+                before = self._stream_counts()
                 heapq.heappop(self._arrivals)[2]()
-                woken = self._open_streams() != before
+                woken = self._stream_counts() != before
             else:
                 woken = True
                 call = heapq.heappop(self.calls)
