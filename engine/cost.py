@@ -102,6 +102,14 @@ class RatioFit:
         return self.compute_s / self.audio_s if self.audio_s > 0 else None
 
 
+def _quantile(ratios: list[float], q: float, least: int) -> float:
+    """The ``q`` quantile of actual-to-estimated ratios, at least 1; 1 with fewer than ``least`` of them."""
+    if len(ratios) < least:
+        return 1.0
+    ordered = sorted(ratios)
+    return max(1.0, ordered[int(q * (len(ordered) - 1))])
+
+
 _serials = itertools.count()
 """Each CostModel's number: estimators of two models are never equal (an ``id`` may be reused)."""
 
@@ -128,6 +136,8 @@ class CostModel:
         """The same, from calls made while every runner slot was busy: what the machine does at full load."""
         self._rtf: dict[Hashable, RatioFit] = {}
         self._surprises: deque[float] = deque(maxlen=TAIL_SURPRISES_KEPT)
+        self._overruns: tuple[float, float] | None = None
+        """``surprise`` and ``tail_surprise``, worked out once per new ratio: every pick asks for them."""
         self._holds_s: dict[Hashable, deque[float]] = {}
         self._versions: dict[Hashable, int] = {}
         """Calls measured so far per cost key: the version of its estimates."""
@@ -141,6 +151,7 @@ class CostModel:
             predicted = fit.predict(float(size))
             if predicted > 0:
                 self._surprises.append(seconds / predicted)
+                self._overruns = None
         fit.observe(float(size), seconds)
         if all_slots_busy:
             self._busy_calls.setdefault((key, kind), LinearFit()).observe(float(size), seconds)
@@ -148,19 +159,19 @@ class CostModel:
     def surprise(self) -> float:
         """How much longer than estimated calls have lately taken: the 90th percentile of the actual-to-estimated
         ratio over recent calls (1 when they keep to their estimates, more on a machine whose speed jumps)."""
-        recent = list(self._surprises)[-SURPRISES_KEPT:]
-        if len(recent) < SURPRISES_KEPT // 4:
-            return 1.0
-        ordered = sorted(recent)
-        return max(1.0, ordered[int(SURPRISE_QUANTILE * (len(ordered) - 1))])
+        return self._overrun_quantiles()[0]
 
     def tail_surprise(self) -> float:
         """How much longer than estimated the slowest calls have lately taken: the 98th percentile of the same ratio
         over more calls (1 before as many as ``surprise`` keeps)."""
-        if len(self._surprises) < SURPRISES_KEPT:
-            return 1.0
-        ordered = sorted(self._surprises)
-        return max(1.0, ordered[int(TAIL_SURPRISE_QUANTILE * (len(ordered) - 1))])
+        return self._overrun_quantiles()[1]
+
+    def _overrun_quantiles(self) -> tuple[float, float]:
+        if self._overruns is None:
+            ratios = list(self._surprises)
+            self._overruns = (_quantile(ratios[-SURPRISES_KEPT:], SURPRISE_QUANTILE, SURPRISES_KEPT // 4),
+                              _quantile(ratios, TAIL_SURPRISE_QUANTILE, SURPRISES_KEPT))
+        return self._overruns
 
     def observe_hold(self, key: Hashable, seconds: float) -> None:
         """How long one call of the key held its runner slot as the event loop saw it: the call, and the wait for
