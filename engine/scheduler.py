@@ -10,7 +10,8 @@ through their methods.
   before its listener runs out, then its voice's compute per second of audio for the audio it has
   still to make (all of it while more text may come), and, while it is starting, what its small
   first chunks cost beyond that (``Voice.start_cost``, spread over their audio). A newcomer is
-  admitted when ``max_load`` of the slots' time serves all of them by those due times
+  admitted when ``max_load`` of the slots' time, over how far calls have lately overrun their
+  estimates (``CostModel.surprise``), serves all of them by those due times
   (``schedulable``: a stream far ahead of its listener, or near its end, needs little), and fewer
   streams than runner slots are starting;
   otherwise it waits in the queue (past ``max_queued_streams``: ``Overloaded``, with a Retry-After
@@ -56,7 +57,8 @@ class Limits:
     max_queued_streams: int = 64
     max_batch_size: int = 8
     max_load: float = 0.9
-    """Demand admitted streams may place on the measured capacity (1.0: all of it)."""
+    """Demand admitted streams may place on the measured capacity (1.0: all of it), over how far calls have lately
+    overrun their estimates."""
     cost_safety: float = 1.5
     """Cost estimates are multiplied by this (or by their measured overrun, when more) wherever they decide
     whether a listener is served in time."""
@@ -260,7 +262,9 @@ class Scheduler:
         measured = [n for n in needs if n is not None]
         if own is None or not needs or len(measured) < len(needs):
             return True  # nothing measured yet, or nothing else needs the machine: serve it
-        if not schedulable(own, measured, slots_free_at, self.limits.max_load):
+        # The share of the slots' time that may be spoken for shrinks by how far calls have lately overrun their
+        # estimates: that much room is left for a slow spell, and the listeners' buffers are not spent on it.
+        if not schedulable(own, measured, slots_free_at, self.limits.max_load / self.costs.surprise()):
             return False
         # A start costs more than steady speech (first audio, then building a buffer): no more streams
         # starting at once than there are runner slots, so that those playing keep their buffers. Looser counts,

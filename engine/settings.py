@@ -77,9 +77,10 @@ class EngineSettings(BaseSettings):
     max_batch_size: int = 8
     """Most steps of one kind that share a model call (a voice may allow fewer; 1 turns batching off)."""
     max_load: float = Field(0.9, gt=0)
-    """Admit a new stream only while this share of the runner slots' time, by the costs measured on this machine,
-    makes what the admitted streams and the newcomer still need before their listeners run out; past it, new
-    streams wait in the queue."""
+    """Admit a new stream only while this share of the runner slots' time, by the costs measured on this machine and
+    divided by how much longer than estimated calls have lately taken (their 90th percentile), makes what the
+    admitted streams and the newcomer still need before their listeners run out; past it, new streams wait in the
+    queue."""
     cost_safety_factor: float = Field(1.5, ge=1.0)
     """Measured call costs are multiplied by this wherever they decide whether a listener is served in time (or by
     how much longer than estimated calls have lately taken, their 90th percentile, when that is more)."""
