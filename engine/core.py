@@ -171,7 +171,8 @@ class EngineCore:
                 voice, [step.payload], self.deadlines.max_s,
                 f"calibrating voice {voice.info.id}: its {step.kind} model call ran past {self.deadlines.max_s:g} s "
                 "(RTVOICE_MODEL_CALL_DEADLINE_MAX_S)")
-            costs.observe_call(voice.cost_key, step.kind, step.size, output.seconds, all_slots_busy=True)
+            costs.observe_call(voice.cost_key, step.kind, step.size, output.seconds, all_slots_busy=True,
+                               overrun_counts=False)
             audio = session.complete(step, output.results[0])
             audio_s = 0.0 if audio is None else len(audio) / voice.info.sample_rate
             costs.observe_output(voice.cost_key, output.seconds, audio_s)

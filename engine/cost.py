@@ -143,11 +143,14 @@ class CostModel:
         """Calls measured so far per cost key: the version of its estimates."""
         self._serial = next(_serials)
 
-    def observe_call(self, key: Hashable, kind: str, size: int, seconds: float, all_slots_busy: bool = False) -> None:
-        """One timed call; ``all_slots_busy`` when every runner slot held a call while it ran."""
+    def observe_call(self, key: Hashable, kind: str, size: int, seconds: float, all_slots_busy: bool = False,
+                     overrun_counts: bool = True) -> None:
+        """One timed call; ``all_slots_busy`` when every runner slot held a call while it ran. ``overrun_counts``
+        False: how far it ran past its estimate says how far the fit still is from the sizes it is being taught
+        (the calibration's smallest, then largest steps), not how the machine wavers; it is not an overrun."""
         self._versions[key] = self._versions.get(key, 0) + 1
         fit = self._calls.setdefault((key, kind), LinearFit())
-        if fit.observations:
+        if fit.observations and overrun_counts:
             predicted = fit.predict(float(size))
             if predicted > 0:
                 self._surprises.append(seconds / predicted)
