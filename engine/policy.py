@@ -43,10 +43,13 @@ class Ready:
     """When its listener runs out of audio; None while it owes its first audio."""
     since: float
     """When it began to owe its first audio (arrival, or new text after silence)."""
+    own_safety: float = 0.0
+    """The margin on its time to audio instead, when more than the common one: a stream still starting holds too
+    little audio for one call that overruns like the slowest lately (``StepBudget.own_safety``)."""
 
     def latest_start(self, safety: float) -> float:
         assert self.due_at is not None
-        return self.due_at - safety * self.to_audio_s
+        return self.due_at - max(safety, self.own_safety) * self.to_audio_s
 
 
 def order(ready: Sequence[Ready], now: float, safety: float) -> list[Ready]:

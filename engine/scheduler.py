@@ -432,18 +432,22 @@ class Scheduler:
         safety = self.safety()
         ready: list[policy.Ready] = []
         streams: dict[int, SpeechStream] = {}
+        load = self.load().fraction
+        tail = self.costs.tail_surprise()
         for stream in self.active:
             if stream.id in self._busy or stream.closed or stream.throttled:
                 continue
             smallest = self._smallest_step(stream, self.costs.estimator(stream.voice.cost_key), safety)
             if smallest is None:
                 continue
+            playback = stream.playback
+            starting = not playback.owes_first_audio and still_starting(playback.buffered_s, load,
+                                                                         stream.voice.largest_step_audio_s())
             ready.append(policy.Ready(stream.id, smallest.step, smallest.step_s, smallest.to_audio_s,
-                                      stream.playback.runs_out_at, stream.playback.owed_since))
+                                      playback.runs_out_at, playback.owed_since, tail if starting else 0.0))
             streams[stream.id] = stream
         if not ready:
             return None
-        load = self.load().fraction
         ordered = policy.order(ready, now, safety)
         head, others = ordered[0], ordered[1:]
         head_stream = streams[head.stream_id]

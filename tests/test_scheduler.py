@@ -7,6 +7,7 @@ test moves (``tests/fake_voice.py``): no model, no threads, no sleeping. Contrac
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import concurrent.futures
 import math
 
@@ -114,6 +115,25 @@ def test_call_budget_from_buffers_slots_and_calls_in_flight() -> None:
     # A stream already too late does not shrink the call to nothing when a longer one makes it no later.
     late = [ready(3, due_at=-0.2)]
     assert policy.call_budget(late, now, [now], safety) == math.inf
+
+
+def test_a_starting_stream_waits_for_no_call_longer_than_its_audio_covers_at_the_slowest_overrun() -> None:
+    """A stream still starting holds one small chunk: its latest start, and with it the call budget of whoever goes
+    before it, is worked out with the slowest calls' overrun (its ``own_safety``) when that is more than the common
+    margin. bench.load, 7 listeners joining over 1 s on /v1/audio/speech, eight runs old/new in turn: a listener
+    stalled just after its first chunk in 4 runs against none, the server counting 8 late chunks against 4."""
+    now, safety = 0.0, 1.5
+    playing = ready(1, due_at=0.2, step_s=0.02, to_audio_s=0.05)
+    starting = dataclasses.replace(playing, own_safety=2.5)
+    assert playing.latest_start(safety) == pytest.approx(0.2 - 1.5 * 0.05)
+    assert starting.latest_start(safety) == pytest.approx(0.2 - 2.5 * 0.05)
+    assert dataclasses.replace(playing, own_safety=1.2).latest_start(safety) == playing.latest_start(safety)
+    assert policy.call_budget([starting], now, [], safety) == pytest.approx(0.075, abs=1e-3)
+    assert policy.call_budget([playing], now, [], safety) == pytest.approx(0.125, abs=1e-3)
+    # Before a playing stream due a little sooner: the starting one comes first (without its margin, after it).
+    other = ready(2, due_at=0.16, step_s=0.02, to_audio_s=0.05)
+    assert [r.stream_id for r in policy.order([other, starting], now, safety)] == [1, 2]
+    assert [r.stream_id for r in policy.order([other, playing], now, safety)] == [2, 1]
 
 
 def test_cost_fit_learns_fixed_and_per_unit_costs_and_follows_a_change() -> None:
