@@ -323,15 +323,14 @@ class Scheduler:
         """Streams with work that are starting: they owe their first audio, or their listener's buffer, right
         after their last audio, held less than one round of the machine (the time it needs to serve every
         admitted stream once at its voice's largest step: ``load`` × that step's audio)."""
-        count = 0
-        for stream in self.active:
-            if not self._needs_audio(stream):
-                continue
-            playback = stream.playback
-            buffered = None if playback.owes_first_audio else playback.buffered_s
-            if still_starting(buffered, load, stream.voice.largest_step_audio_s()):
-                count += 1
-        return count
+        return sum(1 for stream in self.active if self._needs_audio(stream) and self._is_starting(stream, load))
+
+    @staticmethod
+    def _is_starting(stream: SpeechStream, load: float) -> bool:
+        """``still_starting`` for ``stream``: it owes its first audio, or holds less than a round of the machine."""
+        playback = stream.playback
+        buffered = None if playback.owes_first_audio else playback.buffered_s
+        return still_starting(buffered, load, stream.voice.largest_step_audio_s())
 
     def release(self) -> None:
         """Let ended streams go (finishing those whose input is all synthesised) and admit waiting ones."""
@@ -441,8 +440,8 @@ class Scheduler:
             if smallest is None:
                 continue
             playback = stream.playback
-            starting = not playback.owes_first_audio and still_starting(playback.buffered_s, load,
-                                                                         stream.voice.largest_step_audio_s())
+            # Owing first audio has a tier of its own; playing but still starting, the slowest calls' margin.
+            starting = not playback.owes_first_audio and self._is_starting(stream, load)
             ready.append(policy.Ready(stream.id, smallest.step, smallest.step_s, smallest.to_audio_s,
                                       playback.runs_out_at, playback.owed_since, tail if starting else 0.0))
             streams[stream.id] = stream
@@ -455,7 +454,7 @@ class Scheduler:
         call_s = policy.call_budget(others, now, other_slots, safety)
         cost = self.costs.estimator(head_stream.voice.cost_key)
         step = head_stream.session.plan_step(StepBudget(call_s=call_s, due_s=head_stream.playback.due_in(now),
-                                                        cost=cost, safety=safety, own_safety=self.costs.tail_surprise(),
+                                                        cost=cost, safety=safety, own_safety=tail,
                                                         load=load))
         assert step is not None
         items = [(head_stream, step)]
