@@ -95,7 +95,7 @@ class StepBudget:
     cost: CostEstimate
     safety: float = 1.0
     """Estimates are multiplied by this before they are compared with ``call_s`` and ``due_s``."""
-    own_safety: float | None = None
+    own_safety: float = 0.0
     """The margin before ``due_s`` instead, when more than ``safety``: how far the slowest calls have lately overrun
     their estimates. One call that overruns like them must not leave this stream's listener without audio."""
     load: float = 0.0
@@ -107,7 +107,7 @@ class StepBudget:
 
     def due_fits(self, to_audio_s: float) -> bool:
         """Whether new audio ``to_audio_s`` after the step starts comes before the listener runs out."""
-        return self.due_s is None or to_audio_s * max(self.safety, self.own_safety or 0.0) <= self.due_s
+        return self.due_s is None or to_audio_s * max(self.safety, self.own_safety) <= self.due_s
 
     @property
     def dry(self) -> bool:
