@@ -320,12 +320,21 @@ def test_concurrent_requests_of_different_ages_each_equal_their_solo_output(cv_s
                     await first_audio.wait()  # the next request arrives while this one is streaming
                 return await asyncio.gather(*tasks)
 
-        bodies = asyncio.run(run())
+        solo: dict[int, np.ndarray] = {}
+        # Whether a stream is still decoding when the next one arrives depends on the machine's speed (on a slow,
+        # shared one, each short request may end its LM before the next comes): the plan runs again, up to three
+        # times, until an LM call has run two streams together, and every run's audio must equal its solo output.
+        for _ in range(3):
+            bodies = asyncio.run(run())
+            for k, ((text, voice, seed), body) in enumerate(zip(plan, bodies, strict=True)):
+                samples = np.frombuffer(body, dtype="<i2")
+                assert len(samples) > 0 and len(samples) % samples_per_token(local) == 0, (text, voice)
+                if k not in solo:
+                    solo[k] = engine_pcm(local, voices[voice], text, seed=seed)
+                assert np.array_equal(samples, solo[k]), (text, voice, seed)
+            if _multi_stream_lm_calls(cv_server) > batched_before:
+                break
         assert _multi_stream_lm_calls(cv_server) > batched_before, "no LM call ever ran two streams together"
-        for (text, voice, seed), body in zip(plan, bodies, strict=True):
-            samples = np.frombuffer(body, dtype="<i2")
-            assert len(samples) > 0 and len(samples) % samples_per_token(local) == 0, (text, voice)
-            assert np.array_equal(samples, engine_pcm(local, voices[voice], text, seed=seed)), (text, voice, seed)
     finally:
         httpx.delete(f"{cv_server.url}/v1/voices/loaded")
 
