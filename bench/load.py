@@ -1,6 +1,6 @@
 """Real-time listeners against one server, next to Piper's own HTTP server measured in the same run.
 
-    python -m bench.load                  # the issue-9 targets (about 3 minutes on 2 cores)
+    python -m bench.load                  # the issue-9 targets (about 6 minutes on 2 cores)
     python -m bench.load --levels 1 8 16  # a sweep of listener counts instead; --batching-off and Piper too
     python -m bench.load --levels 24 --join-seconds 0 --no-piper --timeline   # and each utterance's times and gaps
 
@@ -19,8 +19,9 @@ after its listener's playback clock ran out, with no 20 ms threshold), and its o
 (``rtvoice_capacity_audio_seconds_per_second``) afterwards.
 
 The reference is Piper's own HTTP server (``piper-tts[http]``, same voice; ``make bench`` installs it): 16
-clients at once, each asking for whole WAVs back to back; its audio seconds per wall second is P. The targets,
-each run on a fresh rtvoice server:
+clients at once, each asking for whole WAVs back to back; its audio seconds per wall second is P, measured again
+right before each target row (the machine's speed drifts within a run as much as between runs), and each row's
+level and ratio come from that P. The targets, each run on a fresh rtvoice server:
 
 - half:      P/2 listeners (rounded down) joining over 1 s      zero stalled listeners, TTFA p95 <= 250 ms
 - 80%:       0.8 P listeners joining over 1 s                   zero stalled listeners, TTFA p95 <= 500 ms
@@ -197,6 +198,8 @@ class Row:
     capacity: float | None
     """The server's own estimate afterwards (audio s per s), when it is rtvoice."""
     timeline: list[Utterance] = field(default_factory=list)
+    piper_per_s: float | None = None
+    """P measured right before the row, when the run measures it: the row's level and its ratio come from that."""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -285,13 +288,16 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
 
 
 def print_rows(title: str, rows: list[Row], reference: float | None = None) -> None:
+    """The rows, each next to its own P when it has one, else to ``reference``."""
     print(f"\n{title}")
-    ref = f" {'x Piper':>7}" if reference else ""
+    per_row = any(r.piper_per_s for r in rows)
+    ref = (f" {'P':>6}" if per_row else "") + (f" {'x P':>5}" if per_row or reference else "")
     print(f"{'row':24} {'listeners':>9} {'TTFA p50':>9} {'TTFA p95':>9} {'stalled':>8} {'stall s':>8} "
           f"{'audio s/s':>9}{ref} {'made s/s':>8} {'playable':>8} {'errors':>6} {'503s':>5} {'queued':>6} "
           f"{'wait p95':>8} {'late':>5} {'capacity':>8}")
     for r in rows:
-        ratio = f" {r.audio_per_s / reference:7.2f}" if reference else ""
+        own = r.piper_per_s or reference
+        ratio = (f" {r.piper_per_s or 0:6.2f}" if per_row else "") + (f" {r.audio_per_s / own:5.2f}" if own else "")
         capacity = f"{r.capacity:8.1f}" if r.capacity else f"{'-':>8}"
         late = f"{r.late_chunks:5d}" if r.late_chunks is not None else f"{'-':>5}"
         print(f"{r.name:24} {r.listeners:9d} {r.ttfa_p50 * 1e3:7.0f}ms {r.ttfa_p95 * 1e3:7.0f}ms {r.stalled:8d} "
@@ -374,35 +380,45 @@ def fresh_row(name: str, level: int, join_s: float, env: dict[str, str], route: 
 
 
 def targets(env: dict[str, str], utterances: int) -> None:
-    piper = measure_piper()
-    if piper is None:
-        return
-    print(f"\nPiper's HTTP server, {PIPER_CLIENTS} clients asking for whole WAVs: P = {piper:.2f} audio s per s")
-    half, most = max(1, int(piper / 2)), max(1, int(0.8 * piper))
-    rows = [
-        fresh_row("half of P", half, 1.0, env, utterances=utterances),
-        fresh_row("80% of P", most, 1.0, env, utterances=utterances),
-        fresh_row("24 at once", 24, 0.0, env, utterances=utterances),
-        fresh_row("past capacity (2 P)", math.ceil(2 * piper), 1.0, env, utterances=utterances),
-        fresh_row("issue: 7 on /v1/audio", 7, 1.0, env, route="openai", utterances=utterances),
+    """The issue-9 rows, each on a fresh server with P measured right before it: within one run the machine's speed
+    drifts (P ranged 14-19 between runs, and by as much within one), so each row's level and ratio come from the
+    reference nearest it in time."""
+    plan = [
+        ("half of P", lambda piper: max(1, int(piper / 2)), 1.0, "sft"),
+        ("80% of P", lambda piper: max(1, int(0.8 * piper)), 1.0, "sft"),
+        ("24 at once", lambda piper: 24, 0.0, "sft"),
+        ("past capacity (2 P)", lambda piper: math.ceil(2 * piper), 1.0, "sft"),
+        ("issue: 7 on /v1/audio", lambda piper: 7, 1.0, "openai"),
     ]
-    print_rows(f"rtvoice (P = {piper:.2f})", rows, piper)
+    rows = []
+    for name, level_for, join_s, route in plan:
+        piper = measure_piper()
+        if piper is None:
+            return
+        print(f"Piper's HTTP server, {PIPER_CLIENTS} clients asking for whole WAVs, before '{name}': "
+              f"P = {piper:.2f} audio s per s", flush=True)
+        row = fresh_row(name, level_for(piper), join_s, env, route=route, utterances=utterances)
+        row.piper_per_s = piper
+        rows.append(row)
+    print_rows("rtvoice, each row next to P measured right before it", rows)
     scaled = {**env, "RTVOICE_MODEL_COST_SCALE": "2"}
     saturated = fresh_row("x2: 24 at once", 24, 0.0, scaled, utterances=utterances)
     scaled_half = fresh_row("x2: half of C2", max(1, int(saturated.audio_per_s / 2)), 1.0, scaled,
                             utterances=utterances)
-    print_rows(f"rtvoice, model calls x2 (C2 = {saturated.audio_per_s:.2f})", [saturated, scaled_half], piper)
+    print_rows(f"rtvoice, model calls x2 (C2 = {saturated.audio_per_s:.2f})", [saturated, scaled_half])
 
     h, m, a, p, i = rows
-    print("\ntargets (same run):")
-    print(f"  half ({h.listeners}): {h.stalled} stalled (0), TTFA p95 {h.ttfa_p95 * 1e3:.0f} ms (<= 250)")
-    print(f"  80% ({m.listeners}): {m.stalled} stalled (0), TTFA p95 {m.ttfa_p95 * 1e3:.0f} ms (<= 500); "
-          f"queue wait p95 {wait_bound(m.queue_wait_p95)}")
-    print(f"  24 at once: {a.audio_per_s / piper:.2f} x Piper (>= 0.85); made to the last byte: "
-          f"{a.made_per_s / piper:.2f} x Piper; at most {a.playable_per_s / piper:.2f} x Piper can be played by these "
+    print("\ntargets (same run, each against the P measured right before its row):")
+    print(f"  half ({h.listeners}, P = {h.piper_per_s:.2f}): {h.stalled} stalled (0), TTFA p95 "
+          f"{h.ttfa_p95 * 1e3:.0f} ms (<= 250)")
+    print(f"  80% ({m.listeners}, P = {m.piper_per_s:.2f}): {m.stalled} stalled (0), TTFA p95 "
+          f"{m.ttfa_p95 * 1e3:.0f} ms (<= 500); queue wait p95 {wait_bound(m.queue_wait_p95)}")
+    piper = a.piper_per_s or 0.0
+    print(f"  24 at once (P = {piper:.2f}): {a.audio_per_s / piper:.2f} x P (>= 0.85); made to the last byte: "
+          f"{a.made_per_s / piper:.2f} x P; at most {a.playable_per_s / piper:.2f} x P can be played by these "
           f"listeners (every byte there when asked)")
-    print(f"  past capacity ({p.listeners}): {p.stalled} stalled (0); newcomers queued up to {p.max_queued}, "
-          f"{p.rejected} got 503")
+    print(f"  past capacity ({p.listeners}, P = {p.piper_per_s:.2f}): {p.stalled} stalled (0); newcomers queued up "
+          f"to {p.max_queued}, {p.rejected} got 503")
     print(f"  issue case: {i.stalled} stalled (0), TTFA p95 {i.ttfa_p95 * 1e3:.0f} ms")
     print(f"  model calls x2: C2 = {saturated.audio_per_s:.2f}; {scaled_half.listeners} listeners: "
           f"{scaled_half.stalled} stalled (0)")
