@@ -287,17 +287,16 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
     )
 
 
-def print_rows(title: str, rows: list[Row], reference: float | None = None) -> None:
-    """The rows, each next to its own P when it has one, else to ``reference``."""
+def print_rows(title: str, rows: list[Row]) -> None:
+    """The rows, each next to the P measured right before it when the run measures P."""
     print(f"\n{title}")
     per_row = any(r.piper_per_s for r in rows)
-    ref = (f" {'P':>6}" if per_row else "") + (f" {'x P':>5}" if per_row or reference else "")
+    ref = f" {'P':>6} {'x P':>5}" if per_row else ""
     print(f"{'row':24} {'listeners':>9} {'TTFA p50':>9} {'TTFA p95':>9} {'stalled':>8} {'stall s':>8} "
           f"{'audio s/s':>9}{ref} {'made s/s':>8} {'playable':>8} {'errors':>6} {'503s':>5} {'queued':>6} "
           f"{'wait p95':>8} {'late':>5} {'capacity':>8}")
     for r in rows:
-        own = r.piper_per_s or reference
-        ratio = (f" {r.piper_per_s or 0:6.2f}" if per_row else "") + (f" {r.audio_per_s / own:5.2f}" if own else "")
+        ratio = f" {r.piper_per_s:6.2f} {r.audio_per_s / r.piper_per_s:5.2f}" if r.piper_per_s else ""
         capacity = f"{r.capacity:8.1f}" if r.capacity else f"{'-':>8}"
         late = f"{r.late_chunks:5d}" if r.late_chunks is not None else f"{'-':>5}"
         print(f"{r.name:24} {r.listeners:9d} {r.ttfa_p50 * 1e3:7.0f}ms {r.ttfa_p95 * 1e3:7.0f}ms {r.stalled:8d} "
@@ -368,13 +367,16 @@ def measure_piper() -> float | None:
 
 
 def fresh_row(name: str, level: int, join_s: float, env: dict[str, str], route: str = "sft",
-              utterances: int = 2) -> Row:
-    """One row on a freshly started rtvoice server (no state carried over from the row before)."""
+              utterances: int = 2, piper_per_s: float | None = None) -> Row:
+    """One row on a freshly started rtvoice server (no state carried over from the row before), next to
+    ``piper_per_s`` when P was measured for it."""
     server = start_rtvoice(env)
     try:
         target = Target(name, server.url, route)
         asyncio.run(run_row("warm-up", target, server, 2, 1, 0.0))
-        return asyncio.run(run_row(name, target, server, level, utterances, join_s))
+        row = asyncio.run(run_row(name, target, server, level, utterances, join_s))
+        row.piper_per_s = piper_per_s
+        return row
     finally:
         server.stop()
 
@@ -397,9 +399,8 @@ def targets(env: dict[str, str], utterances: int) -> None:
             return
         print(f"Piper's HTTP server, {PIPER_CLIENTS} clients asking for whole WAVs, before '{name}': "
               f"P = {piper:.2f} audio s per s", flush=True)
-        row = fresh_row(name, level_for(piper), join_s, env, route=route, utterances=utterances)
-        row.piper_per_s = piper
-        rows.append(row)
+        rows.append(fresh_row(name, level_for(piper), join_s, env, route=route, utterances=utterances,
+                              piper_per_s=piper))
     print_rows("rtvoice, each row next to P measured right before it", rows)
     scaled = {**env, "RTVOICE_MODEL_COST_SCALE": "2"}
     saturated = fresh_row("x2: 24 at once", 24, 0.0, scaled, utterances=utterances)
@@ -413,7 +414,7 @@ def targets(env: dict[str, str], utterances: int) -> None:
           f"{h.ttfa_p95 * 1e3:.0f} ms (<= 250)")
     print(f"  80% ({m.listeners}, P = {m.piper_per_s:.2f}): {m.stalled} stalled (0), TTFA p95 "
           f"{m.ttfa_p95 * 1e3:.0f} ms (<= 500); queue wait p95 {wait_bound(m.queue_wait_p95)}")
-    piper = a.piper_per_s or 0.0
+    piper = a.piper_per_s or math.nan  # (measured for every target row)
     print(f"  24 at once (P = {piper:.2f}): {a.audio_per_s / piper:.2f} x P (>= 0.85); made to the last byte: "
           f"{a.made_per_s / piper:.2f} x P; at most {a.playable_per_s / piper:.2f} x P can be played by these "
           f"listeners (every byte there when asked)")
