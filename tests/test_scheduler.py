@@ -7,8 +7,8 @@ test moves (``tests/fake_voice.py``): no model, no threads, no sleeping. Contrac
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import concurrent.futures
+import dataclasses
 import math
 
 import httpx
@@ -185,7 +185,6 @@ def test_the_margin_follows_how_far_calls_overrun_their_estimates() -> None:
         assert scheduler.safety() == pytest.approx(margin)
 
 
-
 def test_the_calibration_teaches_the_fits_without_counting_overruns() -> None:
     """The calibration times the smallest steps, then the largest: each largest one runs past what the fit learnt
     from the small ones predicts, which says how far the fit is from sizes it has not seen, not how the machine
@@ -198,6 +197,7 @@ def test_the_calibration_teaches_the_fits_without_counting_overruns() -> None:
     costs = sim.scheduler.costs
     assert costs.surprise() == costs.tail_surprise() == 1.0
     assert sim.scheduler.safety() == sim.scheduler.limits.cost_safety
+
 
 def test_a_streams_own_buffer_is_kept_against_the_slowest_calls() -> None:
     """One call in 25 taking three times its estimate leaves the 90th percentile (the margin on call budgets) at 1,
