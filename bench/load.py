@@ -6,7 +6,8 @@
 
 A simulated listener asks for an utterance, plays it in real time from its first byte (a stall is a gap over
 20 ms with nothing to play) and asks for the next one when playback ends; listeners join one by one over
-``--join-seconds``. Each row gives TTFA p50/p95 (first byte), listeners that stalled and their stall seconds,
+``--join-seconds``; this process collects no garbage while a row plays, so that its own pauses are not counted as
+the server's gaps. Each row gives TTFA p50/p95 (first byte), listeners that stalled and their stall seconds,
 audio seconds delivered per wall second (to the end of the last playback), the same to the row's last byte
 ("made s/s": what the server made, counted as Piper's figure is, without the listeners' real-time playback of
 their last utterances), the most the first figure could be with these listeners and utterances ("playable": every
@@ -38,9 +39,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import math
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -114,6 +118,23 @@ def clients(count: int, timeout_s: float = 300) -> list[httpx.AsyncClient]:
     """HTTP clients made before a row's clock starts: making one (its TLS context) holds this process's event loop
     for tens of milliseconds, which listeners already playing would count as a stall of the server's."""
     return [httpx.AsyncClient(timeout=timeout_s) for _ in range(count)]
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection in this process while listeners play: a collection holds its event loop (traced
+    at 36-280 ms for full ones late in a run, whose heap has grown with the rows before), and listeners would count
+    that pause of their own as a gap in the server's audio, as they did while the server counted no chunk late. What
+    is already allocated is frozen out of later collections; the garbage of the row is collected after it."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+        gc.collect()
 
 
 def joins_at(index: int, level: int, join_s: float) -> float:
@@ -253,10 +274,11 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
     listener_clients = clients(level)
     stop = asyncio.Event()
     watcher = asyncio.create_task(_watch_queue(server, clients(1, 5)[0], stop))
-    start = time.perf_counter()
-    await asyncio.gather(*(listen(target, listener_clients[i], i, level, utterances, listeners[i], join_s, start)
-                           for i in range(level)))
-    wall = time.perf_counter() - start
+    with collector_paused():
+        start = time.perf_counter()
+        await asyncio.gather(*(listen(target, listener_clients[i], i, level, utterances, listeners[i], join_s, start)
+                               for i in range(level)))
+        wall = time.perf_counter() - start
     stop.set()
     ttfa = [t for listener in listeners for t in listener.ttfa_s]
     audio_s = sum(listener.audio_s for listener in listeners)
