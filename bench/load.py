@@ -45,7 +45,7 @@ import math
 import statistics
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -396,9 +396,7 @@ def fresh_row(name: str, level: int, join_s: float, env: dict[str, str], route: 
     try:
         target = Target(name, server.url, route)
         asyncio.run(run_row("warm-up", target, server, 2, 1, 0.0))
-        row = asyncio.run(run_row(name, target, server, level, utterances, join_s))
-        row.piper_per_s = piper_per_s
-        return row
+        return replace(asyncio.run(run_row(name, target, server, level, utterances, join_s)), piper_per_s=piper_per_s)
     finally:
         server.stop()
 
