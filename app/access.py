@@ -219,22 +219,37 @@ def grant_of(connection: HTTPConnection) -> Grant | None:
 
 class AccessMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter("rtvoice_key_requests", "Requests and WebSocket connections by API key name",
-                                ["key"], registry=registry)
-        self.streams = Gauge("rtvoice_key_streams", "Requests in flight, WebSockets and WHEP sessions by key name",
-                             ["key"], registry=registry)
-        self.rejected = Counter("rtvoice_key_rejected", "Requests refused by a key's quota, by key name and quota",
-                                ["key", "quota"], registry=registry)
-        self.denied = Counter("rtvoice_auth_denied", "Requests refused for a missing or wrong key", ["reason"],
-                              registry=registry)
+        self.requests = Counter(
+            "rtvoice_key_requests", "Requests and WebSocket connections by API key name", ["key"], registry=registry
+        )
+        self.streams = Gauge(
+            "rtvoice_key_streams",
+            "Requests in flight, WebSockets and WHEP sessions by key name",
+            ["key"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "rtvoice_key_rejected",
+            "Requests refused by a key's quota, by key name and quota",
+            ["key", "quota"],
+            registry=registry,
+        )
+        self.denied = Counter(
+            "rtvoice_auth_denied", "Requests refused for a missing or wrong key", ["reason"], registry=registry
+        )
 
 
 class Access:
     """The keys, each key's quotas and their metrics: one per application, shared by every transport (the ASGI
     middleware below and the gRPC service's interceptor), so a key's quotas hold across all of them."""
 
-    def __init__(self, keys: KeyRing, settings: Settings, registry: CollectorRegistry,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        keys: KeyRing,
+        settings: Settings,
+        registry: CollectorRegistry,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.keys = keys
         self.metrics = AccessMetrics(registry)
         self.rate = RequestRate(settings.key_requests_per_minute, clock)
@@ -247,20 +262,26 @@ class Access:
             self.metrics.denied.labels("missing" if presented is None else "invalid").inc()
             if presented is not None:
                 raise Unauthorized("the API key is not valid", code="invalid_api_key")
-            raise Unauthorized("an API key is required: send it as 'Authorization: Bearer <key>' or 'X-API-Key: "
-                               "<key>'" + (" (or ?api_key=<key> on a WebSocket)" if websocket else ""),
-                               code="missing_api_key")
+            raise Unauthorized(
+                "an API key is required: send it as 'Authorization: Bearer <key>' or 'X-API-Key: "
+                "<key>'" + (" (or ?api_key=<key> on a WebSocket)" if websocket else ""),
+                code="missing_api_key",
+            )
         self.metrics.requests.labels(key.name).inc()
         wait_s = self.rate.take(key.name)
         if wait_s is not None:
             self.metrics.rejected.labels(key.name, "requests_per_minute").inc()
-            raise QuotaExceeded(f"key {key.name!r} is over its {self.rate.per_minute} requests per minute",
-                                math.ceil(wait_s))
+            raise QuotaExceeded(
+                f"key {key.name!r} is over its {self.rate.per_minute} requests per minute", math.ceil(wait_s)
+            )
         lease = self.streams.take(key.name)
         if lease is None:
             self.metrics.rejected.labels(key.name, "streams").inc()
-            raise QuotaExceeded(f"key {key.name!r} already has {self.streams.limit} streams open (requests, "
-                                "WebSockets, WHEP sessions); retry when one ends", 1)
+            raise QuotaExceeded(
+                f"key {key.name!r} already has {self.streams.limit} streams open (requests, "
+                "WebSockets, WHEP sessions); retry when one ends",
+                1,
+            )
         return Grant(key, lease)
 
 
@@ -273,12 +294,14 @@ class AccessControl:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket") or not self.access.keys.required(
-                scope["path"], scope.get("method", "GET")):
+            scope["path"], scope.get("method", "GET")
+        ):
             await self.app(scope, receive, send)
             return
         try:
-            grant = self.access.admit(presented_key(HTTPConnection(scope)), scope["path"],
-                                      websocket=scope["type"] == "websocket")
+            grant = self.access.admit(
+                presented_key(HTTPConnection(scope)), scope["path"], websocket=scope["type"] == "websocket"
+            )
         except EngineError as error:
             headers = {"WWW-Authenticate": 'Bearer realm="rtvoice"'} if http_status(error).status == 401 else None
             await asgi_error(scope, send, error, headers)
@@ -304,8 +327,13 @@ def is_loopback(host: str) -> bool:
 def warn_if_open(settings: Settings, keys: KeyRing) -> None:
     """Start-up warning: no keys and a listening address beyond loopback."""
     if not keys.general and not is_loopback(settings.host):
-        log.warning("RTVOICE_API_KEYS is empty and the server listens on %s: anyone who reaches the port can "
-                    "synthesise and register or delete voices; set RTVOICE_API_KEYS", settings.host)
+        log.warning(
+            "RTVOICE_API_KEYS is empty and the server listens on %s: anyone who reaches the port can "
+            "synthesise and register or delete voices; set RTVOICE_API_KEYS",
+            settings.host,
+        )
     if keys.whep:
-        log.warning("RTVOICE_WHEP_TOKEN is deprecated: it works as an API key for the WHEP routes only; put the "
-                    "token in RTVOICE_API_KEYS instead")
+        log.warning(
+            "RTVOICE_WHEP_TOKEN is deprecated: it works as an API key for the WHEP routes only; put the "
+            "token in RTVOICE_API_KEYS instead"
+        )

@@ -48,12 +48,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rtvoice.app.errors import http_status, invalid_value
 from rtvoice.app.fields import Speed
-from rtvoice.app.request_context import track_stream
 from rtvoice.app.json_body import parse_json_body
+from rtvoice.app.request_context import track_stream
 from rtvoice.app.state import engine_of
 from rtvoice.app.streaming import SpeechResponse, audio_body
-from rtvoice.app.websocket.io import (CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, Gone, SocketWriter, json_of, received,
-                                     serve_session)
+from rtvoice.app.websocket.io import (
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL_ERROR,
+    Gone,
+    SocketWriter,
+    json_of,
+    received,
+    serve_session,
+)
 from rtvoice.engine.audio.encoding import Encoder, PcmEncoder, PcmF32Encoder, WavEncoder, create_encoder
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, InvalidRequest, Overloaded
@@ -72,20 +79,23 @@ STATUS_TOO_MANY = 429
 """Cartesia's ``status_code`` for a concurrency limit: rtvoice's ``overloaded``."""
 DEFAULT_BUFFER_DELAY_MS = 3000
 """Cartesia's default ``max_buffer_delay_ms``."""
-RAW_ENCODERS: dict[str, type[PcmEncoder] | type[PcmF32Encoder]] = {"pcm_s16le": PcmEncoder,
-                                                                    "pcm_f32le": PcmF32Encoder}
+RAW_ENCODERS: dict[str, type[PcmEncoder] | type[PcmF32Encoder]] = {"pcm_s16le": PcmEncoder, "pcm_f32le": PcmF32Encoder}
 CARTESIA_VOICE_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE)
 """Cartesia's voice ids are UUIDs."""
 
 
 # -- requests --------------------------------------------------------------------------------------
 
+
 class VoiceSpecifier(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     mode: Literal["id", "embedding"] = "id"
-    id: str | None = Field(None, description="An rtvoice voice id or alias; a Cartesia voice id (a UUID) that "
-                                             "names no rtvoice voice speaks with the default voice.")
+    id: str | None = Field(
+        None,
+        description="An rtvoice voice id or alias; a Cartesia voice id (a UUID) that "
+        "names no rtvoice voice speaks with the default voice.",
+    )
 
 
 class OutputFormat(BaseModel):
@@ -138,8 +148,11 @@ def resolve_voice(engine: Engine, voice: VoiceSpecifier) -> Voice:
     """An rtvoice voice by id or alias; Cartesia's own voice ids, which no rtvoice voice has, speak with the
     default voice, so a client switched from Cartesia keeps working. Any other unknown name is an error."""
     if voice.mode != "id":
-        raise InvalidRequest("voice embeddings are not supported; give a voice by id (voice.mode 'id')",
-                             code="unsupported_voice_mode", param="voice.mode")
+        raise InvalidRequest(
+            "voice embeddings are not supported; give a voice by id (voice.mode 'id')",
+            code="unsupported_voice_mode",
+            param="voice.mode",
+        )
     name = voice.id
     if name and name not in engine.voices and CARTESIA_VOICE_ID.match(name):
         name = None
@@ -151,20 +164,25 @@ def resolve(engine: Engine, request: SpeechRequest) -> Synthesis:
     engine.check_sample_rate(request.output_format.sample_rate, "output_format.sample_rate")
     options = SynthesisOptions(speed=request.generation_config.speed or 1.0, seed=request.seed)
     engine.check_options(voice.validate, options, "generation_config.speed")
-    return Synthesis(voice, request.output_format.sample_rate or voice.info.sample_rate, options,
-                     request.output_format)
+    return Synthesis(voice, request.output_format.sample_rate or voice.info.sample_rate, options, request.output_format)
 
 
 def create_cartesia_encoder(fmt: OutputFormat, sample_rate: int, containers: Sequence[str]) -> Encoder:
     if fmt.container not in containers:
-        raise InvalidRequest(f"container {fmt.container!r} is not served here; use {', '.join(containers)}",
-                             code="unsupported_format", param="output_format.container")
+        raise InvalidRequest(
+            f"container {fmt.container!r} is not served here; use {', '.join(containers)}",
+            code="unsupported_format",
+            param="output_format.container",
+        )
     if fmt.container == "mp3":
         return create_encoder("mp3", sample_rate)
     encodings = ["pcm_s16le"] if fmt.container == "wav" else list(RAW_ENCODERS)
     if fmt.encoding not in encodings:
-        raise InvalidRequest(f"encoding {fmt.encoding!r} is not served in a {fmt.container} container; use "
-                             f"{', '.join(encodings)}", code="unsupported_encoding", param="output_format.encoding")
+        raise InvalidRequest(
+            f"encoding {fmt.encoding!r} is not served in a {fmt.container} container; use {', '.join(encodings)}",
+            code="unsupported_encoding",
+            param="output_format.encoding",
+        )
     if fmt.container == "wav":
         return WavEncoder(sample_rate)
     return RAW_ENCODERS[fmt.encoding]()
@@ -172,31 +190,54 @@ def create_cartesia_encoder(fmt: OutputFormat, sample_rate: int, containers: Seq
 
 # -- server messages -------------------------------------------------------------------------------
 
+
 def chunk_message(context_id: str, data: bytes, flush_id: int) -> dict[str, Any]:
-    return {"type": "chunk", "data": base64.b64encode(data).decode(), "done": False, "status_code": STATUS_PARTIAL,
-            "flush_id": flush_id, "context_id": context_id}
+    return {
+        "type": "chunk",
+        "data": base64.b64encode(data).decode(),
+        "done": False,
+        "status_code": STATUS_PARTIAL,
+        "flush_id": flush_id,
+        "context_id": context_id,
+    }
 
 
 def flush_done_message(context_id: str, flush_id: int) -> dict[str, Any]:
-    return {"type": "flush_done", "done": False, "flush_done": True, "flush_id": flush_id,
-            "status_code": STATUS_PARTIAL, "context_id": context_id}
+    return {
+        "type": "flush_done",
+        "done": False,
+        "flush_done": True,
+        "flush_id": flush_id,
+        "status_code": STATUS_PARTIAL,
+        "context_id": context_id,
+    }
 
 
 def done_message(context_id: str) -> dict[str, Any]:
     return {"type": "done", "done": True, "status_code": STATUS_PARTIAL, "context_id": context_id}
 
 
-def timestamps_message(context_id: str, words: Sequence[str], starts_s: Sequence[float],
-                       ends_s: Sequence[float]) -> dict[str, Any]:
+def timestamps_message(
+    context_id: str, words: Sequence[str], starts_s: Sequence[float], ends_s: Sequence[float]
+) -> dict[str, Any]:
     """Word timings (seconds in the context's audio) as Cartesia's ``timestamps`` message: the one place where
     rtvoice's word timings become ``word_timestamps``."""
-    return {"type": "timestamps", "done": False, "status_code": STATUS_PARTIAL, "context_id": context_id,
-            "word_timestamps": {"words": list(words), "start": [round(s, 4) for s in starts_s],
-                                "end": [round(e, 4) for e in ends_s]}}
+    return {
+        "type": "timestamps",
+        "done": False,
+        "status_code": STATUS_PARTIAL,
+        "context_id": context_id,
+        "word_timestamps": {
+            "words": list(words),
+            "start": [round(s, 4) for s in starts_s],
+            "end": [round(e, 4) for e in ends_s],
+        },
+    }
 
 
-def client_token(transcript: str, transcripts_at: Sequence[int], word: WordTiming,
-                 previous_end: int) -> tuple[str, int]:
+def client_token(
+    transcript: str, transcripts_at: Sequence[int], word: WordTiming, previous_end: int
+) -> tuple[str, int]:
     """The word as the blank-separated token of the client's text it belongs to: its span widened over the
     punctuation around it, not past a blank, the previous word's token or the transcript it came in (a client may
     send sentences with no blank between them). Returns the token and its end."""
@@ -215,10 +256,15 @@ def client_token(transcript: str, transcripts_at: Sequence[int], word: WordTimin
 def error_message(error: EngineError, context_id: str | None) -> dict[str, Any]:
     """Cartesia's WebSocket error event, from an engine error (its code, message and param are rtvoice's)."""
     payload: dict[str, Any] = {
-        "type": "error", "done": True,
+        "type": "error",
+        "done": True,
         "status_code": STATUS_TOO_MANY if isinstance(error, Overloaded) else http_status(error).status,
-        "error_code": error.code, "title": error.code.replace("_", " ").capitalize(), "message": error.message,
-        "param": error.param, "request_id": str(uuid.uuid4()), "context_id": context_id,
+        "error_code": error.code,
+        "title": error.code.replace("_", " ").capitalize(),
+        "message": error.message,
+        "param": error.param,
+        "request_id": str(uuid.uuid4()),
+        "context_id": context_id,
     }
     if error.retry_after_s is not None:
         payload["retry_after_s"] = error.retry_after_s
@@ -226,6 +272,7 @@ def error_message(error: EngineError, context_id: str | None) -> dict[str, Any]:
 
 
 # -- WebSocket -------------------------------------------------------------------------------------
+
 
 @dataclass(eq=False)
 class Context:
@@ -319,9 +366,12 @@ class Connection:
         if context is None:
             context = self._open(context_id, request)
         elif context.input_closed:
-            raise InvalidRequest(f"context {context_id!r} has ended its input ('continue': false) and is still "
-                                 "speaking; send new text on a new context", code="context_closed",
-                                 param="context_id")
+            raise InvalidRequest(
+                f"context {context_id!r} has ended its input ('continue': false) and is still "
+                "speaking; send new text on a new context",
+                code="context_closed",
+                param="context_id",
+            )
         if request.transcript:
             self._add_text(context, request.transcript)
         if request.flush:
@@ -347,8 +397,12 @@ class Connection:
     def _add_text(self, context: Context, text: str) -> None:
         limit = self.engine.settings.max_text_chars
         if len(context.transcript) + len(text) > limit:
-            raise InvalidRequest(f"context {context.id!r} would have {len(context.transcript) + len(text)} characters; "
-                                 f"the limit is {limit}", code="input_too_long", param="transcript")
+            raise InvalidRequest(
+                f"context {context.id!r} would have {len(context.transcript) + len(text)} characters; "
+                f"the limit is {limit}",
+                code="input_too_long",
+                param="transcript",
+            )
         segments_before = len(context.stream.segments)
         context.stream.push_text(text)
         context.transcripts_at.append(len(context.transcript))
@@ -362,7 +416,8 @@ class Connection:
             self._cancel_buffer_timer(context)
         if context.buffer_timer is None:
             context.buffer_timer = asyncio.get_running_loop().call_later(
-                context.buffer_delay_s, self._buffer_expired, context)
+                context.buffer_delay_s, self._buffer_expired, context
+            )
 
     def _buffer_expired(self, context: Context) -> None:
         context.buffer_timer = None
@@ -392,8 +447,10 @@ class Connection:
     async def send_due_flushes(self, context: Context) -> None:
         """``flush_done`` for every flush whose text's audio has all been sent, in order."""
         try:
-            while (context.flushes_done < len(context.flush_boundaries)
-                   and context.flush_boundaries[context.flushes_done] <= context.segments_sent):
+            while (
+                context.flushes_done < len(context.flush_boundaries)
+                and context.flush_boundaries[context.flushes_done] <= context.segments_sent
+            ):
                 context.flushes_done += 1
                 await self.writer.send_json(flush_done_message(context.id, context.flushes_done))
         except Gone:
@@ -436,7 +493,8 @@ class ContextSender:
             if context.stream.state is StreamState.CANCELLED:  # not by the client: the server is stopping
                 self.connection.forget(context)
                 await self.connection.send_error(
-                    InvalidRequest("the server is shutting down", code="server_shutting_down"), context.id)
+                    InvalidRequest("the server is shutting down", code="server_shutting_down"), context.id
+                )
                 await self.writer.close(CLOSE_GOING_AWAY, "server shutting down")
                 return
             await self.send_words()
@@ -457,8 +515,7 @@ class ContextSender:
         context = self.context
         if isinstance(event, WordTiming):
             if context.add_timestamps:
-                token, self.token_end = client_token(context.transcript, context.transcripts_at, event,
-                                                    self.token_end)
+                token, self.token_end = client_token(context.transcript, context.transcripts_at, event, self.token_end)
                 self.words.append((token, event.start_s, event.end_s))
         elif isinstance(event, AudioChunk):
             data = context.encoder.encode(event.pcm)
@@ -471,7 +528,7 @@ class ContextSender:
 
     async def send_words(self) -> None:
         if self.words:
-            tokens, starts, ends = zip(*self.words)
+            tokens, starts, ends = zip(*self.words, strict=True)
             self.words = []
             await self.writer.send_json(timestamps_message(self.context.id, tokens, starts, ends))
 
@@ -484,10 +541,18 @@ async def tts_websocket(websocket: WebSocket) -> None:
 
 # -- bytes -----------------------------------------------------------------------------------------
 
-@router.post(BYTES_PATH, response_class=StreamingResponse,
-             openapi_extra={"requestBody": {"required": True, "content": {
-                 "application/json": {"schema": SpeechRequest.model_json_schema()}}}},
-             responses={200: {"content": {"audio/pcm": {}, "audio/wav": {}, "audio/mpeg": {}}}})
+
+@router.post(
+    BYTES_PATH,
+    response_class=StreamingResponse,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": SpeechRequest.model_json_schema()}},
+        }
+    },
+    responses={200: {"content": {"audio/pcm": {}, "audio/wav": {}, "audio/mpeg": {}}}},
+)
 async def tts_bytes(request: Request) -> Response:
     """Cartesia's bytes endpoint: ``transcript`` spoken in ``output_format`` (raw, wav or mp3), streamed."""
     speech = await parse_json_body(request, SpeechRequest)
@@ -496,5 +561,8 @@ async def tts_bytes(request: Request) -> Response:
     synthesis = resolve(engine, speech)
     encoder = create_cartesia_encoder(synthesis.output_format, synthesis.sample_rate, ("raw", "wav", "mp3"))
     stream = engine.open_stream(synthesis.voice, synthesis.options, synthesis.sample_rate, text=speech.transcript)
-    return SpeechResponse(audio_body(stream, encoder), media_type=encoder.content_type,
-                             headers={"X-Sample-Rate": str(synthesis.sample_rate), "X-Voice": synthesis.voice.info.id})
+    return SpeechResponse(
+        audio_body(stream, encoder),
+        media_type=encoder.content_type,
+        headers={"X-Sample-Rate": str(synthesis.sample_rate), "X-Voice": synthesis.voice.info.id},
+    )

@@ -35,8 +35,16 @@ SERVE_OPTIONS: dict[str, tuple[str, type]] = {
 }
 """``serve``'s options: each overrides the setting of that name (``RTVOICE_<NAME>``)."""
 
-EXTENSION_FORMATS = {".wav": "wav", ".mp3": "mp3", ".opus": "opus", ".ogg": "opus", ".flac": "flac", ".aac": "aac",
-                     ".pcm": "pcm", ".raw": "pcm"}
+EXTENSION_FORMATS = {
+    ".wav": "wav",
+    ".mp3": "mp3",
+    ".opus": "opus",
+    ".ogg": "opus",
+    ".flac": "flac",
+    ".aac": "aac",
+    ".pcm": "pcm",
+    ".raw": "pcm",
+}
 """``say``'s output format, by the output file's extension."""
 
 
@@ -83,8 +91,11 @@ def serve(args: argparse.Namespace) -> None:
             sys.exit(2)
         missing = [name for name in ("torch", "transformers", "kaldi_native_fbank") if find_spec(name) is None]
         if missing:
-            print(f"rtvoice: RTVOICE_COSYVOICE_DIR is set but {', '.join(missing)} is not installed; install with: "
-                  f"{COSYVOICE_INSTALL_HINT}", file=sys.stderr)
+            print(
+                f"rtvoice: RTVOICE_COSYVOICE_DIR is set but {', '.join(missing)} is not installed; install with: "
+                f"{COSYVOICE_INSTALL_HINT}",
+                file=sys.stderr,
+            )
             sys.exit(2)
     if settings.grpc_port is not None:
         from rtvoice.app.cosyvoice_grpc import require_grpc
@@ -94,8 +105,10 @@ def serve(args: argparse.Namespace) -> None:
         except RuntimeError as error:
             print(f"rtvoice: {error}", file=sys.stderr)
             sys.exit(2)
-    log.info("rtvoice %s starting; voices load in the background (/readyz answers 200 when they are ready)",
-             package_version())
+    log.info(
+        "rtvoice %s starting; voices load in the background (/readyz answers 200 when they are ready)",
+        package_version(),
+    )
     try:
         app = create_app(settings)
     except ValueError as error:  # e.g. RTVOICE_API_KEYS with a key listed twice
@@ -119,8 +132,15 @@ def output_rate(fmt: AudioFormat, voice_rate: int) -> int:
     return min((rate for rate in fmt.sample_rates if rate >= voice_rate), default=max(fmt.sample_rates))
 
 
-async def say_to_file(text: str, output: Path, fmt: AudioFormat, voice_name: str | None, sample_rate: int | None,
-                      speed: float, seed: int | None) -> None:
+async def say_to_file(
+    text: str,
+    output: Path,
+    fmt: AudioFormat,
+    voice_name: str | None,
+    sample_rate: int | None,
+    speed: float,
+    seed: int | None,
+) -> None:
     """Speak ``text`` into ``output`` in ``fmt`` with a voice of the settings' engine (what ``rtvoice say`` runs)."""
     from rtvoice.app.streaming import audio_body
     from rtvoice.engine.audio.encoding import create_encoder
@@ -158,8 +178,10 @@ async def say_to_file(text: str, output: Path, fmt: AudioFormat, voice_name: str
 def say(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     fmt = output_format(args.output)
     if fmt is None:
-        parser.error(f"cannot tell the format of {str(args.output)!r} from its extension; use one of "
-                     f"{', '.join(EXTENSION_FORMATS)}")
+        parser.error(
+            f"cannot tell the format of {str(args.output)!r} from its extension; use one of "
+            f"{', '.join(EXTENSION_FORMATS)}"
+        )
     if args.sample_rate is not None and fmt.sample_rates is not None and args.sample_rate not in fmt.sample_rates:
         parser.error(f"{fmt.name} takes sample rates {', '.join(map(str, fmt.sample_rates))}, not {args.sample_rate}")
     if not args.output.parent.is_dir():
@@ -178,27 +200,46 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rtvoice {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser(
-        "serve", help="run the server", description="Run the server. Settings come from RTVOICE_* variables "
-        "and a .env file in the working directory (see .env.example); these options override them.")
+        "serve",
+        help="run the server",
+        description="Run the server. Settings come from RTVOICE_* variables "
+        "and a .env file in the working directory (see .env.example); these options override them.",
+    )
     for flag, (field, kind) in SERVE_OPTIONS.items():
         annotation = Settings.model_fields[field].annotation
         choices = get_args(annotation) if get_origin(annotation) is Literal else None
-        serve_parser.add_argument(flag, dest=field, type=kind, choices=choices, metavar=field.split("_")[-1].upper(),
-                                  help=_setting_help(field))
+        serve_parser.add_argument(
+            flag,
+            dest=field,
+            type=kind,
+            choices=choices,
+            metavar=field.split("_")[-1].upper(),
+            help=_setting_help(field),
+        )
     say_parser = commands.add_parser(
-        "say", help="speak text into an audio file (no server needed)",
+        "say",
+        help="speak text into an audio file (no server needed)",
         description="Speak text into an audio file, without a server, with the voices the settings name "
-        "(RTVOICE_* variables and .env, as for serve).")
+        "(RTVOICE_* variables and .env, as for serve).",
+    )
     say_parser.add_argument("text", help="the text to speak; '-' reads it from standard input")
     say_parser.add_argument(
-        "-o", "--output", type=Path, default=Path("out.wav"),
+        "-o",
+        "--output",
+        type=Path,
+        default=Path("out.wav"),
         help="the file to write (default: out.wav). Its extension picks the format: .wav, .mp3, .opus or .ogg "
-             "(Opus in Ogg), .flac, .aac (ADTS), .pcm or .raw (int16 little-endian mono, no header)")
+        "(Opus in Ogg), .flac, .aac (ADTS), .pcm or .raw (int16 little-endian mono, no header)",
+    )
     say_parser.add_argument("--voice", help="a voice id or OpenAI voice name (default: the default voice)")
     say_parser.add_argument(
-        "--sample-rate", type=int, choices=SUPPORTED_SAMPLE_RATES, metavar="RATE",
+        "--sample-rate",
+        type=int,
+        choices=SUPPORTED_SAMPLE_RATES,
+        metavar="RATE",
         help=f"output rate, one of {', '.join(map(str, SUPPORTED_SAMPLE_RATES))} (default: the voice's own; "
-             "for .opus the next rate up that Opus takes)")
+        "for .opus the next rate up that Opus takes)",
+    )
     say_parser.add_argument("--speed", type=float, default=1.0, help=f"{MIN_SPEED} to {MAX_SPEED} (default: 1.0)")
     say_parser.add_argument("--seed", type=int, help="makes the voice's random draws reproducible (default: none)")
     say_parser.set_defaults(parser=say_parser)

@@ -81,11 +81,16 @@ async def parse_form(request: Request, model: type[Form]) -> tuple[Form, dict[st
 # -- OpenAPI: POST takes a form body; GET takes query parameters, and also the form body that CosyVoice's own
 # client sends with GET (read_form reads both; a field in both places takes the body's value).
 
-_PROMPT_WAV = {"type": "string", "format": "binary", "description": "The voice to copy: any audio file PyAV "
-               "decodes, 0.5 to 30 s, at least 16 kHz."}
+_PROMPT_WAV = {
+    "type": "string",
+    "format": "binary",
+    "description": "The voice to copy: any audio file PyAV decodes, 0.5 to 30 s, at least 16 kHz.",
+}
 _FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
-_GET_BODY = ("CosyVoice's client sends the fields as a form body even with GET: accepted too. A field sent in "
-             "both places takes the body's value.")
+_GET_BODY = (
+    "CosyVoice's client sends the fields as a form body even with GET: accepted too. A field sent in "
+    "both places takes the body's value."
+)
 
 
 def _query_parameters(form: type[BaseModel]) -> list[dict[str, Any]]:
@@ -98,27 +103,34 @@ def _query_parameters(form: type[BaseModel]) -> list[dict[str, Any]]:
         description = property_schema.get("description", "")
         if name in required:
             description = f"{description} Required, here or as a form field in the body.".strip()
-        parameters.append({"name": name, "in": "query", "required": False, "schema": value_schema,
-                           "description": description})
+        parameters.append(
+            {"name": name, "in": "query", "required": False, "schema": value_schema, "description": description}
+        )
     return parameters
 
 
 def _form_schema(form: type[BaseModel], files: tuple[str, ...], *, fields_required: bool) -> dict[str, Any]:
     schema = form.model_json_schema()
     required = [*schema.get("required", [])] if fields_required else []
-    return {**schema, "properties": {**schema.get("properties", {}), **{name: _PROMPT_WAV for name in files}},
-            "required": [*required, *files]}
+    return {
+        **schema,
+        "properties": {**schema.get("properties", {}), **{name: _PROMPT_WAV for name in files}},
+        "required": [*required, *files],
+    }
 
 
-def _form_doc(form: type[BaseModel], *, get: bool, files: tuple[str, ...] = (),
-              content_types: tuple[str, ...] = _FORM_TYPES) -> dict[str, Any]:
+def _form_doc(
+    form: type[BaseModel], *, get: bool, files: tuple[str, ...] = (), content_types: tuple[str, ...] = _FORM_TYPES
+) -> dict[str, Any]:
     """``openapi_extra`` for a form route: POST's form body, or GET's query parameters and optional form body.
 
     With ``files`` (uploads, which only a multipart body carries) the body is required on GET too.
     """
     schema = _form_schema(form, files, fields_required=not get)
-    body: dict[str, Any] = {"required": bool(files) or not get,
-                            "content": {content_type: {"schema": schema} for content_type in content_types}}
+    body: dict[str, Any] = {
+        "required": bool(files) or not get,
+        "content": {content_type: {"schema": schema} for content_type in content_types},
+    }
     if not get:
         return {"requestBody": body}
     return {"parameters": _query_parameters(form), "requestBody": {**body, "description": _GET_BODY}}
@@ -127,10 +139,20 @@ def _form_doc(form: type[BaseModel], *, get: bool, files: tuple[str, ...] = (),
 _AUDIO_RESPONSES = {200: {"content": {FORMATS["wav"].content_type: {}, FORMATS["pcm"].content_type: {}}}}
 
 
-@router.get("/inference_sft", response_class=StreamingResponse, operation_id="inference_sft_get",
-            openapi_extra=_form_doc(SftForm, get=True), responses=_AUDIO_RESPONSES)
-@router.post("/inference_sft", response_class=StreamingResponse, operation_id="inference_sft",
-             openapi_extra=_form_doc(SftForm, get=False), responses=_AUDIO_RESPONSES)
+@router.get(
+    "/inference_sft",
+    response_class=StreamingResponse,
+    operation_id="inference_sft_get",
+    openapi_extra=_form_doc(SftForm, get=True),
+    responses=_AUDIO_RESPONSES,
+)
+@router.post(
+    "/inference_sft",
+    response_class=StreamingResponse,
+    operation_id="inference_sft",
+    openapi_extra=_form_doc(SftForm, get=False),
+    responses=_AUDIO_RESPONSES,
+)
 async def inference_sft(request: Request) -> Response:
     """Speak ``tts_text`` with voice ``spk_id``, streaming as it is made."""
     form, _ = await parse_form(request, SftForm)
@@ -141,8 +163,11 @@ async def inference_sft(request: Request) -> Response:
     rate = form.sample_rate or voice.info.sample_rate
     stream = engine.open_stream(voice, SynthesisOptions(speed=form.speed, seed=form.seed), rate, text=form.tts_text)
     encoder = create_encoder(form.format, rate)
-    return SpeechResponse(audio_body(stream, encoder), media_type=encoder.content_type,
-                             headers={"X-Sample-Rate": str(rate), "X-Voice": voice.info.id})
+    return SpeechResponse(
+        audio_body(stream, encoder),
+        media_type=encoder.content_type,
+        headers={"X-Sample-Rate": str(rate), "X-Voice": voice.info.id},
+    )
 
 
 def resolve_speaker(engine: Engine, spk_id: str | None, param: str = "spk_id") -> Voice:
@@ -160,14 +185,16 @@ def takes_instructions(info: VoiceInfo) -> bool:
 
 # -- CosyVoice2 with a prompt recording -------------------------------------------------------------
 
+
 class PromptForm(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     tts_text: str = Field(description="The text to speak.")
     format: Literal["wav", "pcm"] = Field("wav", description="wav: streaming WAV; pcm: raw int16 samples.")
     sample_rate: int | None = Field(None, description="Output rate; 24000 (the model's own) when omitted.")
-    speed: float = Field(cosyvoice2.STREAMING_SPEED,
-                         description=f"CosyVoice2 streams at {cosyvoice2.STREAMING_SPEED} only.")
+    speed: float = Field(
+        cosyvoice2.STREAMING_SPEED, description=f"CosyVoice2 streams at {cosyvoice2.STREAMING_SPEED} only."
+    )
     seed: int | None = Field(None, description="Makes sampling and the vocoder's noise reproducible.")
 
 
@@ -193,7 +220,8 @@ def cloning_service(engine: Engine) -> Any:
     if not service.frontend.can_clone:
         raise ModelNotLoaded(
             f"the CosyVoice2 directory {service.model_dir} lacks speech_tokenizer_v2.onnx or campplus.onnx: "
-            "prompt recordings cannot be used", code="frontend_not_loaded",
+            "prompt recordings cannot be used",
+            code="frontend_not_loaded",
         )
     return service
 
@@ -201,8 +229,9 @@ def cloning_service(engine: Engine) -> Any:
 async def _upload(files: dict[str, UploadFile], name: str = "prompt_wav") -> bytes:
     upload = files.get(name)
     if upload is None:
-        raise InvalidRequest(f"'{name}' is required: upload the prompt recording as a file", code="missing_file",
-                             param=name)
+        raise InvalidRequest(
+            f"'{name}' is required: upload the prompt recording as a file", code="missing_file", param=name
+        )
     from rtvoice.engine.models.cosyvoice2.frontend import MAX_UPLOAD_BYTES
 
     return await upload.read(MAX_UPLOAD_BYTES + 1)  # one byte over the limit is enough to refuse it
@@ -227,8 +256,14 @@ async def _prompt_route(request: Request, model: type[PromptForm], mode: str) ->
     return _stream_response(engine, voice, form)
 
 
-async def prompt_voice(engine: Engine, data: bytes, mode: str, prompt_text: str = "", instructions: str | None = None,
-                       param: str = "prompt_wav") -> Voice:
+async def prompt_voice(
+    engine: Engine,
+    data: bytes,
+    mode: str,
+    prompt_text: str = "",
+    instructions: str | None = None,
+    param: str = "prompt_wav",
+) -> Voice:
     """A one-off CosyVoice2 voice from a prompt recording (any audio file PyAV decodes): its features are
     extracted off the event loop (decoding, the speech tokenizer and CAM++ take tens to hundreds of ms)."""
     service = cloning_service(engine)
@@ -244,39 +279,72 @@ def _stream_response(engine: Engine, voice: Voice, form: PromptForm) -> Response
     rate = form.sample_rate or voice.info.sample_rate
     stream = engine.open_stream(voice, SynthesisOptions(seed=form.seed), rate, text=form.tts_text)
     encoder = create_encoder(form.format, rate)
-    return SpeechResponse(audio_body(stream, encoder), media_type=encoder.content_type,
-                             headers={"X-Sample-Rate": str(rate), "X-Voice": voice.info.id})
+    return SpeechResponse(
+        audio_body(stream, encoder),
+        media_type=encoder.content_type,
+        headers={"X-Sample-Rate": str(rate), "X-Voice": voice.info.id},
+    )
 
 
-@router.get("/inference_zero_shot", response_class=StreamingResponse, operation_id="inference_zero_shot_get",
-            openapi_extra=_prompt_doc(ZeroShotForm, get=True), responses=_AUDIO_RESPONSES)
-@router.post("/inference_zero_shot", response_class=StreamingResponse, operation_id="inference_zero_shot",
-             openapi_extra=_prompt_doc(ZeroShotForm, get=False), responses=_AUDIO_RESPONSES)
+@router.get(
+    "/inference_zero_shot",
+    response_class=StreamingResponse,
+    operation_id="inference_zero_shot_get",
+    openapi_extra=_prompt_doc(ZeroShotForm, get=True),
+    responses=_AUDIO_RESPONSES,
+)
+@router.post(
+    "/inference_zero_shot",
+    response_class=StreamingResponse,
+    operation_id="inference_zero_shot",
+    openapi_extra=_prompt_doc(ZeroShotForm, get=False),
+    responses=_AUDIO_RESPONSES,
+)
 async def inference_zero_shot(request: Request) -> Response:
     """CosyVoice2 zero-shot: speak ``tts_text`` in the voice of ``prompt_wav``, whose words are ``prompt_text``."""
     return await _prompt_route(request, ZeroShotForm, "zero_shot")
 
 
-@router.get("/inference_cross_lingual", response_class=StreamingResponse,
-            operation_id="inference_cross_lingual_get", openapi_extra=_prompt_doc(CrossLingualForm, get=True),
-            responses=_AUDIO_RESPONSES)
-@router.post("/inference_cross_lingual", response_class=StreamingResponse, operation_id="inference_cross_lingual",
-             openapi_extra=_prompt_doc(CrossLingualForm, get=False), responses=_AUDIO_RESPONSES)
+@router.get(
+    "/inference_cross_lingual",
+    response_class=StreamingResponse,
+    operation_id="inference_cross_lingual_get",
+    openapi_extra=_prompt_doc(CrossLingualForm, get=True),
+    responses=_AUDIO_RESPONSES,
+)
+@router.post(
+    "/inference_cross_lingual",
+    response_class=StreamingResponse,
+    operation_id="inference_cross_lingual",
+    openapi_extra=_prompt_doc(CrossLingualForm, get=False),
+    responses=_AUDIO_RESPONSES,
+)
 async def inference_cross_lingual(request: Request) -> Response:
     """CosyVoice2 cross-lingual: the voice of ``prompt_wav`` (no transcript; any language) speaks ``tts_text``."""
     return await _prompt_route(request, CrossLingualForm, "cross_lingual")
 
 
-@router.get("/inference_instruct2", response_class=StreamingResponse, operation_id="inference_instruct2_get",
-            openapi_extra=_prompt_doc(Instruct2Form, get=True), responses=_AUDIO_RESPONSES)
-@router.post("/inference_instruct2", response_class=StreamingResponse, operation_id="inference_instruct2",
-             openapi_extra=_prompt_doc(Instruct2Form, get=False), responses=_AUDIO_RESPONSES)
+@router.get(
+    "/inference_instruct2",
+    response_class=StreamingResponse,
+    operation_id="inference_instruct2_get",
+    openapi_extra=_prompt_doc(Instruct2Form, get=True),
+    responses=_AUDIO_RESPONSES,
+)
+@router.post(
+    "/inference_instruct2",
+    response_class=StreamingResponse,
+    operation_id="inference_instruct2",
+    openapi_extra=_prompt_doc(Instruct2Form, get=False),
+    responses=_AUDIO_RESPONSES,
+)
 async def inference_instruct2(request: Request) -> Response:
     """CosyVoice2 instruct2: the voice of ``prompt_wav`` speaks ``tts_text`` as ``instruct_text`` says."""
     return await _prompt_route(request, Instruct2Form, "instruct2")
 
 
 # -- registered voices ------------------------------------------------------------------------------
+
 
 class RegisterForm(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -303,8 +371,13 @@ def _check_voice_id_free(engine: Engine, voice_id: str) -> None:
         raise HttpError(f"voice {voice_id!r} exists", code="voice_exists", param="voice_id", status=409)
 
 
-@router.post("/v1/voices", status_code=201, tags=["Voices"], openapi_extra=_prompt_doc(RegisterForm, get=False),
-             responses={201: {"description": "The new voice."}, 409: {"description": "The id is taken."}})
+@router.post(
+    "/v1/voices",
+    status_code=201,
+    tags=["Voices"],
+    openapi_extra=_prompt_doc(RegisterForm, get=False),
+    responses={201: {"description": "The new voice."}, 409: {"description": "The id is taken."}},
+)
 async def register_voice(request: Request) -> Response:
     """Register a CosyVoice2 zero-shot voice from a recording and its transcript; kept across restarts."""
     form, files = await parse_form(request, RegisterForm)
@@ -313,21 +386,30 @@ async def register_voice(request: Request) -> Response:
     from rtvoice.engine.models.cosyvoice2.voice_store import valid_voice_id  # torch: only with a model loaded
 
     if not valid_voice_id(form.voice_id):
-        raise InvalidRequest("'voice_id' may hold letters, digits, '_', '.' and '-' (at most 64, starting with a "
-                             "letter or digit)", code="invalid_voice_id", param="voice_id")
+        raise InvalidRequest(
+            "'voice_id' may hold letters, digits, '_', '.' and '-' (at most 64, starting with a letter or digit)",
+            code="invalid_voice_id",
+            param="voice_id",
+        )
     _check_voice_id_free(engine, form.voice_id)
     engine.check_text(form.prompt_text, "prompt_text")
     data = await _upload(files)
     loop = asyncio.get_running_loop()
     prompt = await loop.run_in_executor(
-        None, lambda: service.prompt_features(service.prompt_audio(data), form.prompt_text))
+        None, lambda: service.prompt_features(service.prompt_audio(data), form.prompt_text)
+    )
     _check_voice_id_free(engine, form.voice_id)  # registered by another request meanwhile?
     try:
-        voice = await loop.run_in_executor(None, lambda: service.register(
-            form.voice_id, prompt, name=form.name or "", language=form.language, description=form.description))
+        voice = await loop.run_in_executor(
+            None,
+            lambda: service.register(
+                form.voice_id, prompt, name=form.name or "", language=form.language, description=form.description
+            ),
+        )
     except OSError as error:
-        raise HttpError(f"could not save the voice: {error}", code="voice_not_saved", status=500,
-                        type="server_error") from error
+        raise HttpError(
+            f"could not save the voice: {error}", code="voice_not_saved", status=500, type="server_error"
+        ) from error
     _check_voice_id_free(engine, form.voice_id)
     engine.voices.add(voice)
     return JSONResponse(_voice_json(voice), status_code=201, headers={"Location": f"/v1/voices/{voice.info.id}"})
@@ -362,12 +444,17 @@ async def delete_voice(request: Request, voice_id: str, voice: PathVoice) -> Res
     engine = engine_of(request)
     service = engine.cosyvoice
     if getattr(voice, "source", "") != "registered":
-        raise HttpError(f"voice {voice_id!r} is not a registered voice and cannot be deleted",
-                        code="voice_not_deletable", param="voice_id", status=409)
+        raise HttpError(
+            f"voice {voice_id!r} is not a registered voice and cannot be deleted",
+            code="voice_not_deletable",
+            param="voice_id",
+            status=409,
+        )
     try:
         engine.voices.remove(voice_id)
     except ValueError as error:
-        raise HttpError(f"{error}; change the server's settings first", code="voice_in_use", param="voice_id",
-                        status=409) from error
+        raise HttpError(
+            f"{error}; change the server's settings first", code="voice_in_use", param="voice_id", status=409
+        ) from error
     await asyncio.get_running_loop().run_in_executor(None, service.unregister, voice_id)
     return Response(status_code=204)

@@ -33,8 +33,9 @@ class ShuttingDown(HttpError):
     type = "server_error"
 
     def __init__(self) -> None:
-        super().__init__("the server is shutting down; retry on another instance or shortly",
-                         code="server_shutting_down")
+        super().__init__(
+            "the server is shutting down; retry on another instance or shortly", code="server_shutting_down"
+        )
         self.retry_after_s = RETRY_AFTER_S
 
 
@@ -52,8 +53,7 @@ class Drain:
     def begin(self) -> None:
         if not self.draining:
             self.draining = True
-            log.info("draining: new requests get 503; streams in progress have up to %g s to finish",
-                     self.timeout_s)
+            log.info("draining: new requests get 503; streams in progress have up to %g s to finish", self.timeout_s)
 
     def idle(self) -> bool:
         return self.requests_in_flight == 0 and not self.sockets.busy() and not any(check() for check in self.busy)

@@ -46,8 +46,16 @@ class HttpError(EngineError):
     status = 400
     type = "invalid_request_error"
 
-    def __init__(self, message: str, code: str = "invalid_request", param: str | None = None, *,
-                 status: int | None = None, type: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        code: str = "invalid_request",
+        param: str | None = None,
+        *,
+        status: int | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message, code, param)
         if status is not None:
             self.status = status
@@ -66,8 +74,9 @@ def http_status(error: EngineError) -> HttpStatus:
     return INVALID_REQUEST
 
 
-def error_body(message: str, type: str = "invalid_request_error", code: str | None = None,
-               param: str | None = None) -> dict[str, dict[str, str | None]]:
+def error_body(
+    message: str, type: str = "invalid_request_error", code: str | None = None, param: str | None = None
+) -> dict[str, dict[str, str | None]]:
     body: dict[str, str | None] = {"message": message, "type": type, "code": code, "param": param}
     request_id = current_request_id()
     if request_id is not None:
@@ -79,8 +88,14 @@ def engine_error_body(error: EngineError) -> dict[str, dict[str, str | None]]:
     return error_body(error.message, http_status(error).type, error.code, error.param)
 
 
-def error_response(status: int, message: str, type: str = "invalid_request_error", code: str | None = None,
-                   param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int,
+    message: str,
+    type: str = "invalid_request_error",
+    code: str | None = None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     return JSONResponse(error_body(message, type, code, param), status_code=status, headers=headers)
 
 
@@ -109,8 +124,9 @@ async def asgi_error(scope: Scope, send: Send, error: EngineError, headers: dict
         await response({**scope}, _no_receive, send)
         return
     if "websocket.http.response" in scope.get("extensions", {}):
-        await send({"type": "websocket.http.response.start", "status": response.status_code,
-                    "headers": response.raw_headers})
+        await send(
+            {"type": "websocket.http.response.start", "status": response.status_code, "headers": response.raw_headers}
+        )
         await send({"type": "websocket.http.response.body", "body": response.body})
         return
     code = CLOSE_POLICY_VIOLATION if http_status(error).status in (401, 403) else CLOSE_TRY_AGAIN_LATER
@@ -158,8 +174,7 @@ def install(app: FastAPI) -> None:
     async def _http(_: Request, error: StarletteHTTPException) -> JSONResponse:
         type = "invalid_request_error" if error.status_code < 500 else "server_error"
         code = _HTTP_CODES.get(error.status_code, f"http_{error.status_code}")
-        return error_response(error.status_code, str(error.detail), type, code,
-                              headers=getattr(error, "headers", None))
+        return error_response(error.status_code, str(error.detail), type, code, headers=getattr(error, "headers", None))
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, error: Exception) -> JSONResponse:

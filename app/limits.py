@@ -126,8 +126,11 @@ class BodyLimit:
 
 class TooManyWebSockets(Overloaded):
     def __init__(self, limit: int) -> None:
-        super().__init__(retry_after_s=1, message=f"the server already holds {limit} WebSocket connections; "
-                         "retry shortly", code="too_many_connections")
+        super().__init__(
+            retry_after_s=1,
+            message=f"the server already holds {limit} WebSocket connections; retry shortly",
+            code="too_many_connections",
+        )
 
 
 class ManagedSocket:
@@ -186,8 +189,7 @@ class ManagedSocket:
                 if pending is None:
                     pending = asyncio.ensure_future(receive())
                 remaining = self.last_activity + self.idle_timeout_s - time.monotonic()
-                await asyncio.wait([pending, closing], timeout=max(0.0, remaining),
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait([pending, closing], timeout=max(0.0, remaining), return_when=asyncio.FIRST_COMPLETED)
                 if pending.done():
                     message, pending = pending.result(), None
                     self.last_activity = time.monotonic()

@@ -39,12 +39,19 @@ def log_config(level: str) -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"uvicorn_name": {"()": UvicornName}, "handshakes": {"()": UvicornHandshakeFilter},
-                    "request_id": {"()": "rtvoice.app.request_context.RequestIdFilter"}},
+        "filters": {
+            "uvicorn_name": {"()": UvicornName},
+            "handshakes": {"()": UvicornHandshakeFilter},
+            "request_id": {"()": "rtvoice.app.request_context.RequestIdFilter"},
+        },
         "formatters": {"default": {"format": LOG_FORMAT}},
         "handlers": {
-            "default": {"class": "logging.StreamHandler", "formatter": "default", "stream": "ext://sys.stderr",
-                        "filters": ["uvicorn_name", "handshakes", "request_id"]},
+            "default": {
+                "class": "logging.StreamHandler",
+                "formatter": "default",
+                "stream": "ext://sys.stderr",
+                "filters": ["uvicorn_name", "handshakes", "request_id"],
+            },
         },
         "root": {"handlers": ["default"], "level": "WARNING"},
         "loggers": {

@@ -16,13 +16,13 @@ from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
 from rtvoice.app import cartesia_api, cosyvoice_api, cosyvoice_grpc, errors, openai_speech, ops, piper_api, whep
-from rtvoice.app.websocket.router import router as websocket_router
 from rtvoice.app.access import Access, AccessControl, KeyRing, warn_if_open
 from rtvoice.app.drain import Drain, DrainGate
 from rtvoice.app.limits import BodyLimit, OpenSockets, WebSocketLimits
 from rtvoice.app.metrics import RequestMetrics
 from rtvoice.app.request_context import RequestContext
 from rtvoice.app.settings import Settings
+from rtvoice.app.websocket.router import router as websocket_router
 from rtvoice.engine.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -51,8 +51,14 @@ async def _start_engine(engine: Engine, settings: Settings) -> None:
     gc.freeze()
     url = base_url(settings.host, settings.port)
     everywhere = " (listening on every interface)" if settings.host in ("0.0.0.0", "::", "") else ""
-    log.info("ready%s: the page at %s/, API docs at %s/docs; default voice %s (voices: %d)", everywhere, url, url,
-             engine.voices.default_id, len(engine.voices.ids()))
+    log.info(
+        "ready%s: the page at %s/, API docs at %s/docs; default voice %s (voices: %d)",
+        everywhere,
+        url,
+        url,
+        engine.voices.default_id,
+        len(engine.voices.ids()),
+    )
 
 
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
@@ -78,8 +84,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         grpc_server = None
         try:
             if settings.grpc_port:  # CosyVoice's gRPC service, same loop and engine
-                grpc_server = await cosyvoice_grpc.serve(engine, settings.host, settings.grpc_port, request_metrics,
-                                                         access, drain)
+                grpc_server = await cosyvoice_grpc.serve(
+                    engine, settings.host, settings.grpc_port, request_metrics, access, drain
+                )
             yield
         finally:
             if grpc_server is not None:
@@ -117,7 +124,10 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.add_middleware(AccessControl, access=access)
     app.add_middleware(DrainGate, drain=drain)
     app.add_middleware(
-        CORSMiddleware, allow_origins=settings.cors_allow_origins, allow_methods=["*"], allow_headers=["*"],
+        CORSMiddleware,
+        allow_origins=settings.cors_allow_origins,
+        allow_methods=["*"],
+        allow_headers=["*"],
         expose_headers=["Location", "ETag", "Link", "X-Sample-Rate", "X-Voice", "Retry-After", "X-Request-ID"],
     )
     whep.install(app)  # WHEP routes and endpoint; after CORS, so its preflight headers wrap CORS's answer

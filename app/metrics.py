@@ -8,8 +8,9 @@ from prometheus_client import CollectorRegistry, Counter
 
 class RequestMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter("rtvoice_requests", "Requests by route and status", ["route", "status"],
-                                registry=registry)
+        self.requests = Counter(
+            "rtvoice_requests", "Requests by route and status", ["route", "status"], registry=registry
+        )
 
     def count(self, route: str, status: str) -> None:
         self.requests.labels(route, status).inc()

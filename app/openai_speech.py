@@ -50,16 +50,24 @@ def _usage(text: str) -> Any:
         # token and 20 ms of audio an audio token.
         input_tokens = math.ceil(len(text) / 4)
         output_tokens = math.ceil(stream.emitted_s * 50)
-        return {"input_tokens": input_tokens, "output_tokens": output_tokens,
-                "total_tokens": input_tokens + output_tokens}
+        return {
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "total_tokens": input_tokens + output_tokens,
+        }
+
     return usage
 
 
 @router.post(
     "/v1/audio/speech",
     response_class=StreamingResponse,
-    openapi_extra={"requestBody": {"required": True, "content": {
-        "application/json": {"schema": SpeechRequest.model_json_schema()}}}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": SpeechRequest.model_json_schema()}},
+        }
+    },
     responses={200: {"content": {fmt.content_type: {} for fmt in FORMATS.values()}}},
 )
 async def create_speech(request: Request) -> Response:
@@ -69,7 +77,9 @@ async def create_speech(request: Request) -> Response:
     engine.check_text(speech.input, "input")
     voice = engine.resolve_voice(speech.voice)
     stream = engine.open_stream(
-        voice, SynthesisOptions(speed=speech.speed, seed=speech.seed, instructions=speech.instructions), OPENAI_SAMPLE_RATE,
+        voice,
+        SynthesisOptions(speed=speech.speed, seed=speech.seed, instructions=speech.instructions),
+        OPENAI_SAMPLE_RATE,
         text=speech.input,
     )
     encoder = create_encoder(speech.response_format, OPENAI_SAMPLE_RATE)
@@ -77,8 +87,11 @@ async def create_speech(request: Request) -> Response:
     # app/request_context.py, on every response.
     headers = {"X-Sample-Rate": str(OPENAI_SAMPLE_RATE), "X-Voice": voice.info.id}
     if speech.stream_format == "sse":
-        return SpeechResponse(sse_body(stream, encoder, _usage(speech.input)), media_type="text/event-stream",
-                                 headers={**headers, "Cache-Control": "no-cache"})
+        return SpeechResponse(
+            sse_body(stream, encoder, _usage(speech.input)),
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-cache"},
+        )
     return SpeechResponse(audio_body(stream, encoder), media_type=encoder.content_type, headers=headers)
 
 
@@ -86,7 +99,9 @@ async def create_speech(request: Request) -> Response:
 async def list_voices(request: Request) -> JSONResponse:
     """Voices by id, and the OpenAI names that map onto them."""
     engine = engine_of(request)
-    return JSONResponse({
-        "voices": [info.__dict__ for info in engine.voice_infos()],
-        "aliases": engine.voices.aliases,
-    })
+    return JSONResponse(
+        {
+            "voices": [info.__dict__ for info in engine.voice_infos()],
+            "aliases": engine.voices.aliases,
+        }
+    )

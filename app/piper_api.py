@@ -62,15 +62,25 @@ def speed_for(voice: Voice, length_scale: float | None) -> float:
     speed = voice_length_scale(voice) / length_scale
     if not MIN_SPEED <= speed <= MAX_SPEED:
         low, high = voice_length_scale(voice) / MAX_SPEED, voice_length_scale(voice) / MIN_SPEED
-        raise InvalidRequest(f"length_scale {length_scale} is outside what voice {voice.info.id!r} can do "
-                             f"({low:.3g} to {high:.3g})", code="invalid_value", param="length_scale")
+        raise InvalidRequest(
+            f"length_scale {length_scale} is outside what voice {voice.info.id!r} can do ({low:.3g} to {high:.3g})",
+            code="invalid_value",
+            param="length_scale",
+        )
     return speed
 
 
-@router.post("/synthesize", response_class=StreamingResponse,
-             openapi_extra={"requestBody": {"required": True, "content": {
-                 "application/json": {"schema": SynthesizeRequest.model_json_schema()}}}},
-             responses={200: {"content": {"audio/wav": {}}}})
+@router.post(
+    "/synthesize",
+    response_class=StreamingResponse,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": SynthesizeRequest.model_json_schema()}},
+        }
+    },
+    responses={200: {"content": {"audio/wav": {}}}},
+)
 async def synthesize(request: Request) -> Response:
     """Speak ``text`` as a streaming WAV (Piper's HTTP API)."""
     piper = await parse_json_body(request, SynthesizeRequest)
@@ -83,5 +93,8 @@ async def synthesize(request: Request) -> Response:
     options = SynthesisOptions(speed=speed_for(voice, piper.length_scale), seed=piper.seed)
     rate = voice.info.sample_rate
     stream = engine.open_stream(voice, options, rate, text=text)
-    return SpeechResponse(audio_body(stream, WavEncoder(rate)), media_type="audio/wav",
-                          headers={"X-Sample-Rate": str(rate), "X-Voice": voice.info.id})
+    return SpeechResponse(
+        audio_body(stream, WavEncoder(rate)),
+        media_type="audio/wav",
+        headers={"X-Sample-Rate": str(rate), "X-Voice": voice.info.id},
+    )

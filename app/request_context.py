@@ -124,8 +124,10 @@ class RequestContext:
                 MutableHeaders(scope=message)[HEADER] = record.request_id
             elif kind == "websocket.accept":
                 status = 101
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  (HEADER.lower().encode(), record.request_id.encode())]}
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), (HEADER.lower().encode(), record.request_id.encode())],
+                }
             elif kind == "websocket.close" and websocket and status == 500:
                 status = 403  # closed before the handshake: uvicorn answers 403
             await send(message)
@@ -147,17 +149,27 @@ class RequestContext:
         if scope["type"] == "websocket":
             line = f"WebSocket {scope['path']}{redacted_query(scope.get('query_string', b''))}"
         else:
-            line = (f"{scope['method']} {scope['path']}{redacted_query(scope.get('query_string', b''))} "
-                    f"HTTP/{scope.get('http_version', '1.1')}")
+            line = (
+                f"{scope['method']} {scope['path']}{redacted_query(scope.get('query_string', b''))} "
+                f"HTTP/{scope.get('http_version', '1.1')}"
+            )
         log_access(where, line, status, route, record)
 
 
 def log_access(client: str, line: str, status: int | str, route: str | None, record: RequestRecord) -> None:
     """The one access line: client, request, status, route, key name, time to first audio, audio seconds, id."""
     ttfa = record.ttfa_ms()
-    access_log.info('%s "%s" %s route=%s key=%s ttfa_ms=%s audio_s=%s request_id=%s', client, line, status,
-                    route or "-", record.key_name or "-", "-" if ttfa is None else ttfa, record.audio_s(),
-                    record.request_id)
+    access_log.info(
+        '%s "%s" %s route=%s key=%s ttfa_ms=%s audio_s=%s request_id=%s',
+        client,
+        line,
+        status,
+        route or "-",
+        record.key_name or "-",
+        "-" if ttfa is None else ttfa,
+        record.audio_s(),
+        record.request_id,
+    )
 
 
 def begin(request_id: str) -> RequestRecord:

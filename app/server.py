@@ -106,8 +106,11 @@ class HeadLimitedHttpToolsProtocol(HttpToolsProtocol):
 
 def protocol_class(settings: Settings) -> type[HeadLimitedHttpToolsProtocol]:
     """The protocol class with this server's limits (uvicorn makes one instance per connection)."""
-    return type("HttpProtocol", (HeadLimitedHttpToolsProtocol,), {
-        "header_timeout_s": settings.header_timeout_s, "max_header_bytes": settings.max_header_bytes})
+    return type(
+        "HttpProtocol",
+        (HeadLimitedHttpToolsProtocol,),
+        {"header_timeout_s": settings.header_timeout_s, "max_header_bytes": settings.max_header_bytes},
+    )
 
 
 class Server(uvicorn.Server):
@@ -152,14 +155,19 @@ class Server(uvicorn.Server):
 def run(app: FastAPI, settings: Settings) -> int:
     """Serve ``app`` until it is stopped; the process's exit code."""
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None,
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=None,
         access_log=False,  # rtvoice.access writes the access lines (app/request_context.py)
-        http=protocol_class(settings), limit_concurrency=settings.max_connections,
-        ws_max_size=settings.ws_max_message_bytes, timeout_graceful_shutdown=5,
+        http=protocol_class(settings),
+        limit_concurrency=settings.max_connections,
+        ws_max_size=settings.ws_max_message_bytes,
+        timeout_graceful_shutdown=5,
     )
     server = Server(config, app.state.drain, lambda: bool(getattr(app.state, "start_failed", False)))
     server.run()
     if server.exit_code == 0 and not server.started:
         return 1  # e.g. the port was taken
     return server.exit_code
-

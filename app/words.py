@@ -14,8 +14,14 @@ def word_fields(word: WordTiming) -> dict[str, Any]:
     """``text`` as the client wrote it; ``char_start``/``char_end`` in all the text it sent for the utterance;
     ``start_s``/``end_s`` in seconds of the utterance's audio as the client receives it; ``approximate`` for an
     estimate (a voice that does not know its timing)."""
-    return {"text": word.text, "char_start": word.start, "char_end": word.end, "start_s": round(word.start_s, 4),
-            "end_s": round(word.end_s, 4), "approximate": word.approximate}
+    return {
+        "text": word.text,
+        "char_start": word.start,
+        "char_end": word.end,
+        "start_s": round(word.start_s, 4),
+        "end_s": round(word.end_s, 4),
+        "approximate": word.approximate,
+    }
 
 
 def last_heard(words: Sequence[WordTiming], audio_s: float) -> WordTiming | None:

@@ -109,8 +109,9 @@ class EngineCore:
             return self.deadlines.deadline_s(None)
         return self.deadlines.deadline_s(max(batch.estimate_s * self.scheduler.safety(), costs.longest_hold_s(key)))
 
-    async def _run(self, voice: Voice, payloads: Sequence[StepPayload], deadline_s: float,
-                   abandoned: str, wide: bool = False) -> BatchOutput:
+    async def _run(
+        self, voice: Voice, payloads: Sequence[StepPayload], deadline_s: float, abandoned: str, wide: bool = False
+    ) -> BatchOutput:
         """A call on the runner, abandoned past ``deadline_s`` (``CallAbandoned``, saying ``abandoned``: the runner
         gives up its thread, so the slot is free now and a late result is dropped); its hold of the slot as the
         loop sees it is recorded for the deadlines."""
@@ -128,9 +129,14 @@ class EngineCore:
     async def _execute(self, batch: Batch) -> None:
         deadline_s = self.deadline_s(batch)
         try:
-            output = await self._run(batch.voice, batch.payloads, deadline_s,
-                                     f"its {batch.kind} model call ran past its deadline of {deadline_s:.2f} s "
-                                     f"(estimated {batch.estimate_s:.3f} s) and was abandoned", batch.wide)
+            output = await self._run(
+                batch.voice,
+                batch.payloads,
+                deadline_s,
+                f"its {batch.kind} model call ran past its deadline of {deadline_s:.2f} s "
+                f"(estimated {batch.estimate_s:.3f} s) and was abandoned",
+                batch.wide,
+            )
         except CallAbandoned as abandoned:
             self.scheduler.metrics.calls_abandoned.labels(batch.kind).inc()
             self.scheduler.fail(batch, abandoned)  # its one log line
@@ -168,11 +174,15 @@ class EngineCore:
             if step is None:
                 return
             output = await self._run(  # nothing measured yet: the cap
-                voice, [step.payload], self.deadlines.max_s,
+                voice,
+                [step.payload],
+                self.deadlines.max_s,
                 f"calibrating voice {voice.info.id}: its {step.kind} model call ran past {self.deadlines.max_s:g} s "
-                "(RTVOICE_MODEL_CALL_DEADLINE_MAX_S)")
-            costs.observe_call(voice.cost_key, step.kind, step.size, output.seconds, all_slots_busy=True,
-                               overrun_counts=False)
+                "(RTVOICE_MODEL_CALL_DEADLINE_MAX_S)",
+            )
+            costs.observe_call(
+                voice.cost_key, step.kind, step.size, output.seconds, all_slots_busy=True, overrun_counts=False
+            )
             audio = session.complete(step, output.results[0])
             audio_s = 0.0 if audio is None else len(audio) / voice.info.sample_rate
             costs.observe_output(voice.cost_key, output.seconds, audio_s)

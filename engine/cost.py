@@ -143,8 +143,15 @@ class CostModel:
         """Calls measured so far per cost key: the version of its estimates."""
         self._serial = next(_serials)
 
-    def observe_call(self, key: Hashable, kind: str, size: int, seconds: float, all_slots_busy: bool = False,
-                     overrun_counts: bool = True) -> None:
+    def observe_call(
+        self,
+        key: Hashable,
+        kind: str,
+        size: int,
+        seconds: float,
+        all_slots_busy: bool = False,
+        overrun_counts: bool = True,
+    ) -> None:
         """One timed call; ``all_slots_busy`` when every runner slot held a call while it ran. ``overrun_counts``
         False: how far it ran past its estimate says how far the fit still is from the sizes it is being taught
         (the calibration's smallest, then largest steps), not how the machine wavers; it is not an overrun."""
@@ -172,8 +179,10 @@ class CostModel:
     def _overrun_quantiles(self) -> tuple[float, float]:
         if self._overruns is None:
             ratios = list(self._surprises)
-            self._overruns = (_quantile(ratios[-SURPRISES_KEPT:], SURPRISE_QUANTILE, SURPRISES_KEPT // 4),
-                              _quantile(ratios, TAIL_SURPRISE_QUANTILE, SURPRISES_KEPT))
+            self._overruns = (
+                _quantile(ratios[-SURPRISES_KEPT:], SURPRISE_QUANTILE, SURPRISES_KEPT // 4),
+                _quantile(ratios, TAIL_SURPRISE_QUANTILE, SURPRISES_KEPT),
+            )
         return self._overruns
 
     def observe_hold(self, key: Hashable, seconds: float) -> None:

@@ -51,8 +51,11 @@ class Engine:
             ),
             self.metrics,
         )
-        self.core = EngineCore(self.scheduler, self.runner, CallDeadlines(settings.model_call_deadline_factor,
-                                                                          settings.model_call_deadline_max_s))
+        self.core = EngineCore(
+            self.scheduler,
+            self.runner,
+            CallDeadlines(settings.model_call_deadline_factor, settings.model_call_deadline_max_s),
+        )
         self.metrics.calls_running.set_function(lambda: len(self.scheduler.running))
         self.metrics.abandoned_threads.set_function(lambda: self.runner.abandoned_threads)
         self.ready = False
@@ -97,7 +100,8 @@ class Engine:
         if service is None:
             raise ModelNotLoaded(
                 "no CosyVoice2 model is loaded on this server; start it with RTVOICE_COSYVOICE_DIR set to a "
-                "CosyVoice2 model directory", code="model_not_loaded",
+                "CosyVoice2 model directory",
+                code="model_not_loaded",
             )
         return service
 
@@ -110,21 +114,23 @@ class Engine:
         if len(text) > self.settings.max_text_chars:
             raise InvalidRequest(
                 f"'{param}' has {len(text)} characters; the limit is {self.settings.max_text_chars}",
-                code="input_too_long", param=param,
+                code="input_too_long",
+                param=param,
             )
         if not is_speakable(text):
-            raise InvalidRequest(f"'{param}' has nothing to speak (no letters or digits)", code="empty_input",
-                                 param=param)
+            raise InvalidRequest(
+                f"'{param}' has nothing to speak (no letters or digits)", code="empty_input", param=param
+            )
 
     def check_sample_rate(self, sample_rate: int | None, param: str = "sample_rate") -> None:
         if sample_rate is not None and sample_rate not in SUPPORTED_SAMPLE_RATES:
             raise InvalidRequest(
                 f"unsupported sample rate {sample_rate}; supported: {', '.join(map(str, SUPPORTED_SAMPLE_RATES))}",
-                code="unsupported_sample_rate", param=param,
+                code="unsupported_sample_rate",
+                param=param,
             )
 
-    def check_options(self, use: Callable[[SynthesisOptions], T], options: SynthesisOptions,
-                      param: str = "speed") -> T:
+    def check_options(self, use: Callable[[SynthesisOptions], T], options: SynthesisOptions, param: str = "speed") -> T:
         """``use(options)``, or InvalidRequest naming ``param`` when it raises ValueError for options a voice
         cannot honour. ``use``: a voice's ``validate`` or ``open_session``, or a model's rule checked before
         its voice exists."""
@@ -150,9 +156,15 @@ class Engine:
         session = self.check_options(voice.open_session, options)
         segmenter = Segmenter.of(self.settings, voice.info.language)
         stream = SpeechStream(
-            voice, session, segmenter, sample_rate or voice.info.sample_rate, self.core.wake,
-            max_buffered_s=self.settings.max_buffered_audio_s, clock=self.scheduler.clock,
-            on_end=self.scheduler.stream_ended, trim_leading_silence=trim_leading_silence,
+            voice,
+            session,
+            segmenter,
+            sample_rate or voice.info.sample_rate,
+            self.core.wake,
+            max_buffered_s=self.settings.max_buffered_audio_s,
+            clock=self.scheduler.clock,
+            on_end=self.scheduler.stream_ended,
+            trim_leading_silence=trim_leading_silence,
         )
         if text is not None:  # before admission, which weighs how much audio it asks for
             stream.push_text(text)

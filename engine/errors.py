@@ -31,8 +31,12 @@ class UnknownVoice(EngineError):
 class Overloaded(EngineError):
     """The machine is at capacity: the same request may succeed after ``retry_after_s``."""
 
-    def __init__(self, retry_after_s: int = 1, message: str = "the server is at capacity; retry shortly",
-                 code: str = "overloaded") -> None:
+    def __init__(
+        self,
+        retry_after_s: int = 1,
+        message: str = "the server is at capacity; retry shortly",
+        code: str = "overloaded",
+    ) -> None:
         super().__init__(message, code=code)
         self.retry_after_s = retry_after_s
 

@@ -19,8 +19,17 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rtvoice.engine.models.base import (CostEstimate, SegmentTimings, StartCost, Step, StepBudget, StepPayload,
-                                        SynthesisOptions, Voice, VoiceSession)
+from rtvoice.engine.models.base import (
+    CostEstimate,
+    SegmentTimings,
+    StartCost,
+    Step,
+    StepBudget,
+    StepPayload,
+    SynthesisOptions,
+    Voice,
+    VoiceSession,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +62,9 @@ def parse_faults(text: str) -> list[Fault]:
         if tail.strip() in MODES:
             marker, mode = head, tail.strip()
         if not separator or not kind.strip() or not marker.strip():
-            raise ValueError(f"RTVOICE_FAULT_INJECTION: {item!r} is not kind:marker or kind:marker:mode "
-                             f"(mode {' or '.join(MODES)})")
+            raise ValueError(
+                f"RTVOICE_FAULT_INJECTION: {item!r} is not kind:marker or kind:marker:mode (mode {' or '.join(MODES)})"
+            )
         faults.append(Fault(kind.strip(), marker.strip(), mode.strip()))  # type: ignore[arg-type]
     return faults
 
@@ -151,11 +161,13 @@ class FaultyVoice(Voice):
     def _run(self, payloads: Sequence[StepPayload], run: Callable[[list[StepPayload]], list[Any]]) -> list[Any]:
         modes = {payload.mode for payload in payloads if isinstance(payload, _Marked)}
         if "raise" in modes:
-            raise InjectedFault(f"injected fault: a {payloads[0].kind} call with a marked stream "
-                                "(RTVOICE_FAULT_INJECTION)")
+            raise InjectedFault(
+                f"injected fault: a {payloads[0].kind} call with a marked stream (RTVOICE_FAULT_INJECTION)"
+            )
         if "hang" in modes:
-            log.warning("injected fault: the %s call of a marked stream hangs (RTVOICE_FAULT_INJECTION)",
-                        payloads[0].kind)
+            log.warning(
+                "injected fault: the %s call of a marked stream hangs (RTVOICE_FAULT_INJECTION)", payloads[0].kind
+            )
             self.released.wait()
         return run([p.payload if isinstance(p, _Marked) else p for p in payloads])
 
@@ -187,8 +199,11 @@ def with_faults(voices: list[Voice], text: str) -> list[Voice]:
     faults = parse_faults(text)
     if not faults:
         return voices
-    log.warning("RTVOICE_FAULT_INJECTION is set (a test hook): calls %s",
-                ", ".join(f"{'hang' if f.mode == 'hang' else 'fail'} for {f.kind} steps of text with {f.marker!r}"
-                          for f in faults))
+    log.warning(
+        "RTVOICE_FAULT_INJECTION is set (a test hook): calls %s",
+        ", ".join(
+            f"{'hang' if f.mode == 'hang' else 'fail'} for {f.kind} steps of text with {f.marker!r}" for f in faults
+        ),
+    )
     released = threading.Event()
     return [FaultyVoice(voice, faults, released) for voice in voices]

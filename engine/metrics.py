@@ -16,57 +16,80 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttfa = Histogram(
-            "rtvoice_time_to_first_audio_seconds", "Time from a stream's text to its first audio", ["voice"],
-            buckets=LATENCY_BUCKETS, registry=r,
+            "rtvoice_time_to_first_audio_seconds",
+            "Time from a stream's text to its first audio",
+            ["voice"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.real_time_factor = Histogram(
-            "rtvoice_real_time_factor", "Model compute seconds per second of audio, per finished stream",
-            ["voice"], buckets=RTF_BUCKETS, registry=r,
+            "rtvoice_real_time_factor",
+            "Model compute seconds per second of audio, per finished stream",
+            ["voice"],
+            buckets=RTF_BUCKETS,
+            registry=r,
         )
         self.audio_seconds = Counter("rtvoice_audio_seconds", "Seconds of audio produced", ["voice"], registry=r)
         self.active_streams = Gauge("rtvoice_active_streams", "Streams being synthesised", registry=r)
         self.queued_streams = Gauge("rtvoice_queued_streams", "Streams waiting for a synthesis slot", registry=r)
         self.queue_wait = Histogram(
-            "rtvoice_queue_wait_seconds", "Time a stream waited in the admission queue (0 when admitted at once)",
-            buckets=QUEUE_WAIT_BUCKETS, registry=r,
+            "rtvoice_queue_wait_seconds",
+            "Time a stream waited in the admission queue (0 when admitted at once)",
+            buckets=QUEUE_WAIT_BUCKETS,
+            registry=r,
         )
         self.capacity = Gauge(
             "rtvoice_capacity_audio_seconds_per_second",
-            "Audio seconds per second this machine makes with a voice, from measured model-call costs", ["voice"],
+            "Audio seconds per second this machine makes with a voice, from measured model-call costs",
+            ["voice"],
             registry=r,
         )
         self.demand = Gauge(
             "rtvoice_demand_audio_seconds_per_second",
-            "Audio seconds per second admitted streams need: one per stream with synthesis left", registry=r,
+            "Audio seconds per second admitted streams need: one per stream with synthesis left",
+            registry=r,
         )
         self.load = Gauge(
-            "rtvoice_load", "Demand over capacity (1 is all of it); new streams queue past RTVOICE_MAX_LOAD",
+            "rtvoice_load",
+            "Demand over capacity (1 is all of it); new streams queue past RTVOICE_MAX_LOAD",
             registry=r,
         )
         self.batch_size = Histogram(
             "rtvoice_batch_size", "Steps per model call", ["kind"], buckets=BATCH_BUCKETS, registry=r
         )
         self.step_seconds = Histogram(
-            "rtvoice_model_call_seconds", "Duration of one model call", ["kind"], buckets=LATENCY_BUCKETS,
+            "rtvoice_model_call_seconds",
+            "Duration of one model call",
+            ["kind"],
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.wide_calls = Counter(
-            "rtvoice_wide_model_calls", "Model calls that held every runner slot to run on all its cores (a lone "
-            "stream's calls before its first audio)", ["kind"], registry=r,
+            "rtvoice_wide_model_calls",
+            "Model calls that held every runner slot to run on all its cores (a lone "
+            "stream's calls before its first audio)",
+            ["kind"],
+            registry=r,
         )
         self.calls_abandoned = Counter(
-            "rtvoice_model_calls_abandoned", "Model calls abandoned past their deadline (their streams failed)",
-            ["kind"], registry=r,
+            "rtvoice_model_calls_abandoned",
+            "Model calls abandoned past their deadline (their streams failed)",
+            ["kind"],
+            registry=r,
         )
         self.calls_running = Gauge(
-            "rtvoice_model_calls_running", "Model calls holding a runner slot (abandoned calls hold none)", registry=r,
+            "rtvoice_model_calls_running",
+            "Model calls holding a runner slot (abandoned calls hold none)",
+            registry=r,
         )
         self.abandoned_threads = Gauge(
-            "rtvoice_runner_abandoned_threads", "Runner threads still held by an abandoned (hung) model call",
+            "rtvoice_runner_abandoned_threads",
+            "Runner threads still held by an abandoned (hung) model call",
             registry=r,
         )
         self.late_chunks = Counter(
-            "rtvoice_late_chunks", "Chunks produced after a real-time listener would have run out of audio",
+            "rtvoice_late_chunks",
+            "Chunks produced after a real-time listener would have run out of audio",
             registry=r,
         )
         self.stall_seconds = Counter(

@@ -51,8 +51,14 @@ MAX_TRIMMED_S = 0.5
 
 
 class AudioOutput:
-    def __init__(self, voice_rate: int, sample_rate: int, max_queued_s: float, on_drained: Callable[[], None],
-                 trim_leading_silence: bool = False) -> None:
+    def __init__(
+        self,
+        voice_rate: int,
+        sample_rate: int,
+        max_queued_s: float,
+        on_drained: Callable[[], None],
+        trim_leading_silence: bool = False,
+    ) -> None:
         """``trim_leading_silence``: drop the silence a voice makes before its first sound (for a live player,
         where it is only delay); the words' times move with the audio."""
         self.sample_rate = sample_rate

@@ -180,8 +180,10 @@ def _demand_changes(need: Need, origin: float) -> list[tuple[float, float, float
     start_audio = min(need.start_audio_s, need.remaining_s)
     if start_audio > 0 and need.start_extra_s > 0:  # its start's extra cost, spread over its first audio
         extra_rate = need.start_extra_s / need.start_audio_s
-        changes += [(due, -extra_rate * due, extra_rate), (due + start_audio, extra_rate * (due + start_audio),
-                                                            -extra_rate)]
+        changes += [
+            (due, -extra_rate * due, extra_rate),
+            (due + start_audio, extra_rate * (due + start_audio), -extra_rate),
+        ]
     if math.isfinite(need.remaining_s):  # nothing more once its audio is all made
         end = due + need.remaining_s
         changes.append((end, rate * end, -rate))
@@ -211,8 +213,14 @@ class _SmallestStep:
 
 
 class Scheduler:
-    def __init__(self, slots: int, limits: Limits, metrics: Metrics, costs: CostModel | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        slots: int,
+        limits: Limits,
+        metrics: Metrics,
+        costs: CostModel | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.slots = slots
         self.limits = limits
         self.metrics = metrics
@@ -283,8 +291,7 @@ class Scheduler:
         start = voice.start_cost(cost)
         return _VoiceRates(cost, per_audio, start if start is not None and start.audio_s > 0 else None)
 
-    def _need(self, stream: SpeechStream, rates: _VoiceRates | None, slot_free_at: float,
-              safety: float) -> Need | None:
+    def _need(self, stream: SpeechStream, rates: _VoiceRates | None, slot_free_at: float, safety: float) -> Need | None:
         """What ``stream`` needs of the runner slots from now on, at its voice's ``rates`` and the margin ``safety``
         on estimates, when the first slot is free at ``slot_free_at``; None before any measurement."""
         if rates is None:
@@ -442,8 +449,17 @@ class Scheduler:
             playback = stream.playback
             # Owing first audio has a tier of its own; playing but still starting, the slowest calls' margin.
             starting = not playback.owes_first_audio and self._is_starting(stream, load)
-            ready.append(policy.Ready(stream.id, smallest.step, smallest.step_s, smallest.to_audio_s,
-                                      playback.runs_out_at, playback.owed_since, tail if starting else 0.0))
+            ready.append(
+                policy.Ready(
+                    stream.id,
+                    smallest.step,
+                    smallest.step_s,
+                    smallest.to_audio_s,
+                    playback.runs_out_at,
+                    playback.owed_since,
+                    tail if starting else 0.0,
+                )
+            )
             streams[stream.id] = stream
         if not ready:
             return None
@@ -453,35 +469,57 @@ class Scheduler:
         other_slots = self._slots_free_at(now)[:-1]  # all but an idle slot: the head's
         call_s = policy.call_budget(others, now, other_slots, safety)
         cost = self.costs.estimator(head_stream.voice.cost_key)
-        step = head_stream.session.plan_step(StepBudget(call_s=call_s, due_s=head_stream.playback.due_in(now),
-                                                        cost=cost, safety=safety, own_safety=tail,
-                                                        load=load))
+        step = head_stream.session.plan_step(
+            StepBudget(
+                call_s=call_s,
+                due_s=head_stream.playback.due_in(now),
+                cost=cost,
+                safety=safety,
+                own_safety=tail,
+                load=load,
+            )
+        )
         assert step is not None
         items = [(head_stream, step)]
         # Split ready work over the free runner slots rather than queueing it all behind one call.
         compatible = [r for r in others if r.step.batch_key == step.batch_key]
         free_slots = max(1, self.slots - self._slots_held())
-        limit = min(self.limits.max_batch_size, head_stream.voice.max_batch(step.kind),
-                    -(-(len(compatible) + 1) // free_slots))
+        limit = min(
+            self.limits.max_batch_size, head_stream.voice.max_batch(step.kind), -(-(len(compatible) + 1) // free_slots)
+        )
         size = step.size
         for r in compatible:
             if len(items) >= limit or cost(step.kind, size + r.step.size) * safety > max(call_s, cost(step.kind, size)):
                 break
             items.append((streams[r.stream_id], r.step))
             size += r.step.size
-        batch = Batch(head_stream.voice, step.kind, items, cost(step.kind, size), now,
-                      wide=self._lends_every_core(head_stream, step, items, ready))
+        batch = Batch(
+            head_stream.voice,
+            step.kind,
+            items,
+            cost(step.kind, size),
+            now,
+            wide=self._lends_every_core(head_stream, step, items, ready),
+        )
         self._start(batch)
         return batch
 
-    def _lends_every_core(self, stream: SpeechStream, step: Step, items: list[tuple[SpeechStream, Step]],
-                          ready: list[policy.Ready]) -> bool:
+    def _lends_every_core(
+        self, stream: SpeechStream, step: Step, items: list[tuple[SpeechStream, Step]], ready: list[policy.Ready]
+    ) -> bool:
         """Whether a call runs on every runner core: it is the only work there is (no other call in flight, no
         other stream ready, none queued), it comes before its stream's first audio, and its voice runs its kind
         sooner that way. A newcomer then waits for it at most one such short call."""
-        return (self.limits.idle_cores_for_first_audio and self.slots > 1 and not self.running and not self.waiting
-                and len(items) == 1 and len(ready) == 1 and stream.playback.owes_first_audio
-                and step.kind in stream.voice.wide_kinds())
+        return (
+            self.limits.idle_cores_for_first_audio
+            and self.slots > 1
+            and not self.running
+            and not self.waiting
+            and len(items) == 1
+            and len(ready) == 1
+            and stream.playback.owes_first_audio
+            and step.kind in stream.voice.wide_kinds()
+        )
 
     def safety(self) -> float:
         """The margin on cost estimates: the configured factor, or how much longer than estimated calls have
@@ -509,7 +547,7 @@ class Scheduler:
             self.costs.observe_call(key, batch.kind, batch.size, output.seconds, batch.all_slots_busy)
         self.metrics.step_seconds.labels(batch.kind).observe(output.seconds)
         share = output.seconds / len(batch.items)
-        for (stream, step), result in zip(batch.items, output.results):
+        for (stream, step), result in zip(batch.items, output.results, strict=True):
             if stream.closed:
                 continue  # cancelled while its step ran: drop the result
             try:

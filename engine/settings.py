@@ -15,7 +15,19 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 OPENAI_VOICE_NAMES = (
-    "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "marin", "cedar",
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "nova",
+    "onyx",
+    "sage",
+    "shimmer",
+    "verse",
+    "marin",
+    "cedar",
 )
 
 
@@ -27,8 +39,9 @@ def empty_is_unset(value: object) -> object:
 
 class EngineSettings(BaseSettings):
     # Attribute docstrings become field descriptions: `rtvoice serve --help` shows them.
-    model_config = SettingsConfigDict(env_prefix="RTVOICE_", env_file=".env", extra="ignore",
-                                      use_attribute_docstrings=True)
+    model_config = SettingsConfigDict(
+        env_prefix="RTVOICE_", env_file=".env", extra="ignore", use_attribute_docstrings=True
+    )
 
     # Voices
     default_voice: str = ""
@@ -93,7 +106,8 @@ class EngineSettings(BaseSettings):
     is freed at once."""
     model_call_deadline_max_s: float = Field(60.0, gt=0)
     """No model call runs longer than this before it is abandoned; also the deadline of every call of a voice not
-    calibrated at start (no warm-up) or of a kind not measured yet, and of each calibration call at start-up (one that hangs stops the start)."""
+    calibrated at start (no warm-up) or of a kind not measured yet, and of each calibration call at start-up (one
+    that hangs stops the start)."""
     runner_threads: int = 2
     """Model calls that run at once."""
     intra_op_threads: int = 1
@@ -117,8 +131,9 @@ class EngineSettings(BaseSettings):
     ``cosyvoice2-<speaker>``; with ``speech_tokenizer_v2.onnx`` and ``campplus.onnx`` present, the
     zero-shot, cross-lingual and instruct2 routes and voice registration work too.
     """
-    data_dir: Path = Field(default_factory=lambda: Path(
-        os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "rtvoice")
+    data_dir: Path = Field(
+        default_factory=lambda: Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "rtvoice"
+    )
     """Where rtvoice keeps what it writes (registered voices; under ``measured/``, the context frames measured for
     each Piper voice's weights, so that later starts skip that measure); never inside a model directory."""
     cosyvoice_voices_dir: Path | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,27 +21,63 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _CRLF = re.compile(r"\r\n?")
 _SPACES = re.compile(r"[ \t\u00a0\u2000-\u200b\u3000]+")
 _AROUND_NEWLINE = re.compile(r"[^\S\n]*\n[^\S\n]*")
-_TRANSLATE = str.maketrans({
-    "\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'",
-    "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u00ab": '"', "\u00bb": '"',
-    "\u2013": ", ", "\u2014": ", ", "\u2026": "...",
-})
+_TRANSLATE = str.maketrans(
+    {
+        "\u2018": "'",
+        "\u2019": "'",
+        "\u201a": "'",
+        "\u201b": "'",
+        "\u201c": '"',
+        "\u201d": '"',
+        "\u201e": '"',
+        "\u00ab": '"',
+        "\u00bb": '"',
+        "\u2013": ", ",
+        "\u2014": ", ",
+        "\u2026": "...",
+    }
+)
 
 _ENGLISH_ABBREVIATIONS = {
-    "mr": "Mister", "mrs": "Missus", "ms": "Miz", "dr": "Doctor", "prof": "Professor", "st": "Saint",
-    "jr": "Junior", "sr": "Senior", "vs": "versus", "etc": "etcetera", "approx": "approximately",
-    "dept": "department", "mt": "Mount", "no": "number", "jan": "January", "feb": "February",
-    "mar": "March", "apr": "April", "jun": "June", "jul": "July", "aug": "August", "sep": "September",
-    "sept": "September", "oct": "October", "nov": "November", "dec": "December",
+    "mr": "Mister",
+    "mrs": "Missus",
+    "ms": "Miz",
+    "dr": "Doctor",
+    "prof": "Professor",
+    "st": "Saint",
+    "jr": "Junior",
+    "sr": "Senior",
+    "vs": "versus",
+    "etc": "etcetera",
+    "approx": "approximately",
+    "dept": "department",
+    "mt": "Mount",
+    "no": "number",
+    "jan": "January",
+    "feb": "February",
+    "mar": "March",
+    "apr": "April",
+    "jun": "June",
+    "jul": "July",
+    "aug": "August",
+    "sep": "September",
+    "sept": "September",
+    "oct": "October",
+    "nov": "November",
+    "dec": "December",
 }
 # "No." is only an abbreviation before a number ("No. 5"); "etc." may end a sentence.
-_ABBREVIATION = re.compile(r"\b(" + "|".join(k for k in _ENGLISH_ABBREVIATIONS if k != "no") + r")\.(?=\s|$)",
-                           re.IGNORECASE)
+_ABBREVIATION = re.compile(
+    r"\b(" + "|".join(k for k in _ENGLISH_ABBREVIATIONS if k != "no") + r")\.(?=\s|$)", re.IGNORECASE
+)
 _NUMBER_ABBREVIATION = re.compile(r"\bno\.(?=\s*\d)", re.IGNORECASE)
 _LATIN = {"e.g.": "for example", "i.e.": "that is", "a.m.": "A M", "p.m.": "P M"}
 _LATIN_PATTERN = re.compile(r"\b(" + "|".join(re.escape(k) for k in _LATIN) + r")(?=\W|$)", re.IGNORECASE)
-_CURRENCY = {"$": ("dollar", "dollars", "cent", "cents"), "\u00a3": ("pound", "pounds", "penny", "pence"),
-             "\u20ac": ("euro", "euros", "cent", "cents")}
+_CURRENCY = {
+    "$": ("dollar", "dollars", "cent", "cents"),
+    "\u00a3": ("pound", "pounds", "penny", "pence"),
+    "\u20ac": ("euro", "euros", "cent", "cents"),
+}
 _MONEY = re.compile(r"([$\u00a3\u20ac])\s?(\d[\d,]*)(?:\.(\d{1,2}))?\b")
 
 _SENTENCE_END = re.compile(r"([.!?]+[\"')\]]*|[\u3002\uff01\uff1f]+)(\s+|$)|\n\s*\n|\n")
@@ -85,8 +121,8 @@ class MappedText:
         spans: list[Span] = []
         last = 0
         for match in pattern.finditer(self.text):
-            texts.append(self.text[last:match.start()])
-            spans.extend(self.spans[last:match.start()])
+            texts.append(self.text[last : match.start()])
+            spans.extend(self.spans[last : match.start()])
             new = replacement if isinstance(replacement, str) else replacement(match)
             texts.append(new)
             spans.extend([self.source(match.start(), match.end())] * len(new))
@@ -100,7 +136,7 @@ class MappedText:
     def translate(self, table: dict[int, str]) -> MappedText:
         texts: list[str] = []
         spans: list[Span] = []
-        for char, span in zip(self.text, self.spans):
+        for char, span in zip(self.text, self.spans, strict=True):
             new = table.get(ord(char), char)
             texts.append(new)
             spans.extend([span] * len(new))
@@ -108,7 +144,7 @@ class MappedText:
 
     def strip(self) -> MappedText:
         start = len(self.text) - len(self.text.lstrip())
-        return self[start: start + len(self.text.strip())]
+        return self[start : start + len(self.text.strip())]
 
 
 def _nfc(text: str) -> MappedText:
@@ -240,8 +276,7 @@ class Segmenter:
     Each segment's words carry their offsets in all the text pushed so far.
     """
 
-    def __init__(self, first_max_chars: int, max_chars: int, language: str = "en",
-                 first_clause_chars: int = 0) -> None:
+    def __init__(self, first_max_chars: int, max_chars: int, language: str = "en", first_clause_chars: int = 0) -> None:
         self.first_max_chars = first_max_chars
         self.max_chars = max_chars
         self.first_clause_chars = first_clause_chars
@@ -255,8 +290,9 @@ class Segmenter:
     @classmethod
     def of(cls, settings: EngineSettings, language: str = "en") -> Segmenter:
         """The segmenter a stream of ``language`` gets under ``settings``."""
-        return cls(settings.first_segment_max_chars, settings.segment_max_chars, language,
-                   settings.first_segment_clause_chars)
+        return cls(
+            settings.first_segment_max_chars, settings.segment_max_chars, language, settings.first_segment_clause_chars
+        )
 
     @property
     def limit(self) -> int:
@@ -335,8 +371,9 @@ class Segmenter:
         return any(ch.isalnum() for ch in text)
 
 
-def segment(text: str, first_max_chars: int, max_chars: int, language: str = "en",
-            first_clause_chars: int = 0) -> list[str]:
+def segment(
+    text: str, first_max_chars: int, max_chars: int, language: str = "en", first_clause_chars: int = 0
+) -> list[str]:
     """The texts of all segments of a whole text."""
     segmenter = Segmenter(first_max_chars, max_chars, language, first_clause_chars)
     return [piece.text for piece in segmenter.push(text) + segmenter.flush()]

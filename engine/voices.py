@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-COSYVOICE_INSTALL_HINT = ("pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && "
-                          "pip install -e '.[cosyvoice]'")
+COSYVOICE_INSTALL_HINT = (
+    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && pip install -e '.[cosyvoice]'"
+)
 """How to add CosyVoice2's dependencies to a checkout (CPU torch first: a bare torch pulls a CUDA build)."""
 
 
@@ -61,7 +62,7 @@ class VoiceRegistry:
         """The loaded CosyVoice2 model, when ``cosyvoice_dir`` is set."""
         self._aliases = {name: self.default_id for name in OPENAI_VOICE_NAMES}
         self._aliases.update(aliases or {})
-        for alias, target in self._aliases.items():
+        for target in self._aliases.values():
             if target not in self._voices:
                 raise UnknownVoice(target, list(self._voices))
 
@@ -77,24 +78,40 @@ class VoiceRegistry:
         for path in piper_voice_paths(settings):
             started = time.perf_counter()
             try:
-                piper = PiperVoice(path, plan=plan, intra_op_threads=settings.intra_op_threads,
-                                   wide_threads=settings.wide_call_threads(),
-                                   measured_dir=settings.data_dir / "measured")
+                piper = PiperVoice(
+                    path,
+                    plan=plan,
+                    intra_op_threads=settings.intra_op_threads,
+                    wide_threads=settings.wide_call_threads(),
+                    measured_dir=settings.data_dir / "measured",
+                )
             except Exception as error:  # onnxruntime, JSON and the graph splitter each fail their own way
                 raise VoiceLoadError(f"cannot load the Piper voice {path}: {error}") from error
             voices.append(piper)
-            log.info("loaded voice %s (piper, %s, %d Hz) in %.2f s from %s", piper.info.id, piper.info.language,
-                     piper.info.sample_rate, time.perf_counter() - started, path)
+            log.info(
+                "loaded voice %s (piper, %s, %d Hz) in %.2f s from %s",
+                piper.info.id,
+                piper.info.language,
+                piper.info.sample_rate,
+                time.perf_counter() - started,
+                path,
+            )
         cosyvoice = None
         if settings.cosyvoice_dir is not None:
             started = time.perf_counter()
             try:
                 cosyvoice = load_cosyvoice(settings)
             except Exception as error:
-                raise VoiceLoadError(f"cannot load the CosyVoice2 model in {settings.cosyvoice_dir}: {error}") from error
+                raise VoiceLoadError(
+                    f"cannot load the CosyVoice2 model in {settings.cosyvoice_dir}: {error}"
+                ) from error
             cosyvoice_ids = [voice.info.id for voice in cosyvoice.voices()]
-            log.info("loaded CosyVoice2 from %s in %.2f s; its voices: %s", settings.cosyvoice_dir,
-                     time.perf_counter() - started, ", ".join(cosyvoice_ids) or "none")
+            log.info(
+                "loaded CosyVoice2 from %s in %.2f s; its voices: %s",
+                settings.cosyvoice_dir,
+                time.perf_counter() - started,
+                ", ".join(cosyvoice_ids) or "none",
+            )
             for voice in cosyvoice.voices():
                 if any(v.info.id == voice.info.id for v in voices):
                     log.warning("voice id %s is taken; skipping the CosyVoice2 voice of that name", voice.info.id)
@@ -163,8 +180,13 @@ def load_cosyvoice(settings: EngineSettings) -> CosyVoice2Service:
             f"RTVOICE_COSYVOICE_DIR is set but CosyVoice2's dependencies are missing ({error}); "
             f"install them with: {COSYVOICE_INSTALL_HINT}"
         ) from error
-    return CosyVoice2Service.load(settings.cosyvoice_dir, settings.cosyvoice_voices_path,
-                                  device=settings.cosyvoice_device, threads=settings.cosyvoice_threads,
-                                  estimator=settings.cosyvoice_estimator,
-                                  token2wav_batch=settings.cosyvoice_token2wav_batch, data_dir=settings.data_dir,
-                                  concurrent_calls=settings.runner_threads)
+    return CosyVoice2Service.load(
+        settings.cosyvoice_dir,
+        settings.cosyvoice_voices_path,
+        device=settings.cosyvoice_device,
+        threads=settings.cosyvoice_threads,
+        estimator=settings.cosyvoice_estimator,
+        token2wav_batch=settings.cosyvoice_token2wav_batch,
+        data_dir=settings.data_dir,
+        concurrent_calls=settings.runner_threads,
+    )

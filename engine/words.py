@@ -130,7 +130,7 @@ class WordClock:
 
     def _exact_ready(self) -> list[WordTiming]:
         words: list[WordTiming] = []
-        for entry in self._segments[self._current:]:
+        for entry in self._segments[self._current :]:
             if entry.start_sample is None:
                 break
             if entry.tokens is None or entry.handed_out:
@@ -153,8 +153,7 @@ class WordClock:
 
     def _length_guess(self, segment: Segment) -> float:
         units = sum(_units(c) for c in segment.text)
-        rate = (self._estimated_s / self._estimated_units if self._estimated_units
-                else TYPICAL_SECONDS_PER_UNIT)
+        rate = self._estimated_s / self._estimated_units if self._estimated_units else TYPICAL_SECONDS_PER_UNIT
         return units * rate
 
     def _estimates(self, entry: _SegmentWords, length_s: float, made_s: float) -> list[WordTiming]:

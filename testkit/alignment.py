@@ -21,16 +21,26 @@ ALIGNER_FRAME_S = 0.01
 SENTENCES: list[tuple[str, str]] = [
     # The text as a client sends it, and its words as spoken, one "|"-separated group per word.
     ("It costs $100, Dr. Smith said.", "it|costs|one hundred dollars|doctor|smith|said"),
-    ("I went to the store in the morning and bought 3 apples.",
-     "i|went|to|the|store|in|the|morning|and|bought|three|apples"),
-    ("The meeting starts at 9 on Monday, e.g. right after breakfast.",
-     "the|meeting|starts|at|nine|on|monday|for example|right|after|breakfast"),
-    ("Prices rose 25% in 2023 & fell again.",
-     "prices|rose|twenty five percent|in|two thousand twenty three|and|fell|again"),
-    ("Please call me back before five o'clock tomorrow afternoon.",
-     "please|call|me|back|before|five|o'clock|tomorrow|afternoon"),
-    ("My sister bought a small house near the river last summer.",
-     "my|sister|bought|a|small|house|near|the|river|last|summer"),
+    (
+        "I went to the store in the morning and bought 3 apples.",
+        "i|went|to|the|store|in|the|morning|and|bought|three|apples",
+    ),
+    (
+        "The meeting starts at 9 on Monday, e.g. right after breakfast.",
+        "the|meeting|starts|at|nine|on|monday|for example|right|after|breakfast",
+    ),
+    (
+        "Prices rose 25% in 2023 & fell again.",
+        "prices|rose|twenty five percent|in|two thousand twenty three|and|fell|again",
+    ),
+    (
+        "Please call me back before five o'clock tomorrow afternoon.",
+        "please|call|me|back|before|five|o'clock|tomorrow|afternoon",
+    ),
+    (
+        "My sister bought a small house near the river last summer.",
+        "my|sister|bought|a|small|house|near|the|river|last|summer",
+    ),
 ]
 
 
@@ -43,8 +53,11 @@ def forced_alignment(pcm: np.ndarray, groups: Sequence[str]) -> list[float]:
     decoder.start_utt()
     decoder.process_raw(pcm.astype("<i2").tobytes(), full_utt=True)
     decoder.end_utt()
-    aligned = [(re.sub(r"\(\d+\)$", "", seg.word), seg.start_frame * ALIGNER_FRAME_S) for seg in decoder.seg()
-               if seg.word not in ("<s>", "</s>", "<sil>") and not seg.word.startswith("+")]
+    aligned = [
+        (re.sub(r"\(\d+\)$", "", seg.word), seg.start_frame * ALIGNER_FRAME_S)
+        for seg in decoder.seg()
+        if seg.word not in ("<s>", "</s>", "<sil>") and not seg.word.startswith("+")
+    ]
     spoken = " ".join(groups).split()
     if [word for word, _ in aligned] != spoken:
         raise RuntimeError(f"the aligner returned {[w for w, _ in aligned]}, not {spoken}")
@@ -56,11 +69,13 @@ def forced_alignment(pcm: np.ndarray, groups: Sequence[str]) -> list[float]:
     return starts
 
 
-async def speak(engine: Engine, text: str, seed: int, sample_rate: int = ALIGNER_RATE,
-                speed: float = 1.0) -> tuple[np.ndarray, list[WordTiming]]:
+async def speak(
+    engine: Engine, text: str, seed: int, sample_rate: int = ALIGNER_RATE, speed: float = 1.0
+) -> tuple[np.ndarray, list[WordTiming]]:
     """The engine's audio and word timings for ``text``."""
-    stream = engine.open_stream(engine.resolve_voice(None), SynthesisOptions(seed=seed, speed=speed), sample_rate,
-                                text=text)
+    stream = engine.open_stream(
+        engine.resolve_voice(None), SynthesisOptions(seed=seed, speed=speed), sample_rate, text=text
+    )
     chunks: list[np.ndarray] = []
     words: list[WordTiming] = []
     async for event in stream.events():

@@ -20,8 +20,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--autoplay-policy=no-user-gesture-required", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--autoplay-policy=no-user-gesture-required",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
     "--mute-audio",
 ]
 WHEP_PLAYER_DIR = Path(__file__).resolve().parent.parent / "tests" / "whep_player"

@@ -21,8 +21,9 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: flo
     return False
 
 
-async def wait_for_async(predicate: Callable[[], bool], timeout: float = 10.0,
-                         interval: float = POLL_INTERVAL_S) -> bool:
+async def wait_for_async(
+    predicate: Callable[[], bool], timeout: float = 10.0, interval: float = POLL_INTERVAL_S
+) -> bool:
     """``wait_for`` on an event loop: the loop runs (and can make the condition true) between checks."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -31,13 +31,20 @@ class Server:
         from prometheus_client.parser import text_string_to_metric_families
 
         text = httpx.get(f"{self.url}/metrics").text
-        return [(sample.labels, sample.value) for family in text_string_to_metric_families(text)
-                for sample in family.samples if sample.name == name]
+        return [
+            (sample.labels, sample.value)
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name
+        ]
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
         """The sum of the samples of ``name`` in /metrics that carry ``labels`` (0 when absent)."""
-        return sum(value for sample_labels, value in self.samples(name)
-                   if all(sample_labels.get(k) == v for k, v in (labels or {}).items()))
+        return sum(
+            value
+            for sample_labels, value in self.samples(name)
+            if all(sample_labels.get(k) == v for k, v in (labels or {}).items())
+        )
 
     def stop(self) -> None:
         self.process.terminate()
@@ -84,24 +91,36 @@ def _wait_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float = 9
         raise RuntimeError(f"{url} did not answer within {timeout_s} s")
 
 
-def start_rtvoice(env: dict[str, str] | None = None, quiet: bool = True, log_file: Path | None = None,
-                  command: list[str] | None = None, cwd: Path = REPO) -> Server:
+def start_rtvoice(
+    env: dict[str, str] | None = None,
+    quiet: bool = True,
+    log_file: Path | None = None,
+    command: list[str] | None = None,
+    cwd: Path = REPO,
+) -> Server:
     """rtvoice as its own process on a free loopback port; returns once /readyz says ready.
 
     With ``log_file`` its standard output and error (where the logs go) are written there. ``command``
     replaces ``python -m rtvoice.app.cli serve`` (e.g. another installation's ``rtvoice serve``).
     """
     port = free_port()
-    full_env = {**os.environ, "RTVOICE_HOST": "127.0.0.1", "RTVOICE_PORT": str(port),
-                "RTVOICE_LOG_LEVEL": "warning", **(env or {})}
+    full_env = {
+        **os.environ,
+        "RTVOICE_HOST": "127.0.0.1",
+        "RTVOICE_PORT": str(port),
+        "RTVOICE_LOG_LEVEL": "warning",
+        **(env or {}),
+    }
     command = command or [sys.executable, "-m", "rtvoice.app.cli", "serve"]
     if log_file is not None:
         with log_file.open("wb") as log:
-            process = subprocess.Popen(command, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                                       preexec_fn=die_with_parent())
+            process = subprocess.Popen(
+                command, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
+            )
     else:
-        process = subprocess.Popen(command, cwd=cwd, env=full_env, stdout=subprocess.DEVNULL if quiet else None,
-                                   preexec_fn=die_with_parent())
+        process = subprocess.Popen(
+            command, cwd=cwd, env=full_env, stdout=subprocess.DEVNULL if quiet else None, preexec_fn=die_with_parent()
+        )
     url = f"http://127.0.0.1:{port}"
     _wait_ready(process, f"{url}/readyz")
     return Server(url, process)
@@ -112,7 +131,10 @@ def start_piper_http(model: Path) -> Server:
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "piper.http_server", "-m", str(model), "--host", "127.0.0.1", "--port", str(port)],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent(),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent(),
     )
     url = f"http://127.0.0.1:{port}"
     _wait_ready(process, f"{url}/info")

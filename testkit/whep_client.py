@@ -105,8 +105,12 @@ class WhepPlayer:
             self.http = httpx.AsyncClient(timeout=timeout)
         sdp = await self.offer()
         params = {"voice": self.voice} if self.voice else None
-        response = await self.http.post(f"{self.base_url}/whep", content=sdp, params=params,
-                                        headers={"Content-Type": "application/sdp", **self.headers})
+        response = await self.http.post(
+            f"{self.base_url}/whep",
+            content=sdp,
+            params=params,
+            headers={"Content-Type": "application/sdp", **self.headers},
+        )
         self.response = response
         if response.status_code != 201:
             raise RuntimeError(f"POST /whep answered {response.status_code}: {response.text}")
@@ -148,8 +152,9 @@ class WhepPlayer:
         self.channel.send(message if isinstance(message, str) else json.dumps(message))
         return time.monotonic()
 
-    async def event(self, kind: str, request_id: str | None = None, timeout: float = 30.0,
-                    start: int = 0) -> dict[str, Any]:
+    async def event(
+        self, kind: str, request_id: str | None = None, timeout: float = 30.0, start: int = 0
+    ) -> dict[str, Any]:
         """The first event of ``kind`` (for ``request_id``) from index ``start`` on, waiting for it."""
         deadline = time.monotonic() + timeout
         while True:

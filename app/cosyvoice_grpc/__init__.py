@@ -39,12 +39,19 @@ def require_grpc() -> None:
     """Raise RuntimeError, saying what to install, when the gRPC service cannot run here."""
     missing = missing_dependencies()
     if missing:
-        raise RuntimeError(f"RTVOICE_GRPC_PORT is set but {', '.join(missing)} is not installed; install with: "
-                           f"{INSTALL_HINT}")
+        raise RuntimeError(
+            f"RTVOICE_GRPC_PORT is set but {', '.join(missing)} is not installed; install with: {INSTALL_HINT}"
+        )
 
 
-async def serve(engine: Engine, host: str, port: int, requests: RequestMetrics, access: Access | None = None,
-                drain: Drain | None = None) -> Any:
+async def serve(
+    engine: Engine,
+    host: str,
+    port: int,
+    requests: RequestMetrics,
+    access: Access | None = None,
+    drain: Drain | None = None,
+) -> Any:
     """Start the service in the running event loop and return the ``grpc.aio`` server (the caller stops it);
     RuntimeError with what to install when grpcio is missing, or when the port cannot be bound. With ``access``
     and ``drain`` its calls take the same keys, quotas, request ids, access lines and drain as HTTP."""

@@ -29,8 +29,15 @@ def generate(proto: Path = PROTO, package_path: Path | None = PACKAGE_PATH) -> d
         relative = (package_path or Path()) / proto.name
         (Path(root) / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(proto, Path(root) / relative)
-        code = protoc.main(["grpc_tools.protoc", f"-I{root}", f"--python_out={root}", f"--grpc_python_out={root}",
-                            str(Path(root) / relative)])
+        code = protoc.main(
+            [
+                "grpc_tools.protoc",
+                f"-I{root}",
+                f"--python_out={root}",
+                f"--grpc_python_out={root}",
+                str(Path(root) / relative),
+            ]
+        )
         if code != 0:
             raise RuntimeError(f"protoc failed on {proto} (exit {code})")
         out = (Path(root) / relative).parent

@@ -35,8 +35,9 @@ class Guard(grpc.aio.ServerInterceptor):
         self.access = access
         self.drain = drain
 
-    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
-                                details: grpc.HandlerCallDetails) -> Any:
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], details: grpc.HandlerCallDetails
+    ) -> Any:
         handler = await continuation(details)
         if handler is None or handler.unary_stream is None:
             return handler
@@ -64,8 +65,10 @@ class Guard(grpc.aio.ServerInterceptor):
             except EngineError as error:
                 code = status_of(error)
                 status = code.name
-                trailing: tuple[tuple[str, str], ...] = (("rtvoice-error-code", error.code),
-                                                         ("rtvoice-request-id", record.request_id))
+                trailing: tuple[tuple[str, str], ...] = (
+                    ("rtvoice-error-code", error.code),
+                    ("rtvoice-request-id", record.request_id),
+                )
                 if error.retry_after_s is not None:
                     trailing += (("retry-after", str(error.retry_after_s)),)
                 await context.abort(code, error.message, trailing_metadata=trailing)
@@ -80,5 +83,6 @@ class Guard(grpc.aio.ServerInterceptor):
                     grant.lease.release()
                 log_access(peer, f"gRPC {method}", status, method, record)
 
-        return grpc.unary_stream_rpc_method_handler(guarded, request_deserializer=handler.request_deserializer,
-                                                    response_serializer=handler.response_serializer)
+        return grpc.unary_stream_rpc_method_handler(
+            guarded, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )

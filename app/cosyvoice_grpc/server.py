@@ -12,8 +12,9 @@ stream, as the HTTP routes do, so it shares the one scheduler with every other t
 Answers stream as raw int16 little-endian mono PCM at the voice's own rate (22.05 kHz for the embedded Piper
 voice, 24 kHz for CosyVoice2), one ``Response`` per chunk. Errors end the call with a status:
 INVALID_ARGUMENT (bad text, prompt or instruction), NOT_FOUND (no such voice), RESOURCE_EXHAUSTED (over
-capacity, or over the API key's quota), UNAUTHENTICATED (a missing or wrong key), FAILED_PRECONDITION (no CosyVoice2 model, or no prompt front end, on this server), UNAVAILABLE
-(still loading), INTERNAL (synthesis failed). A client that cancels or disconnects frees its stream at once.
+capacity, or over the API key's quota), UNAUTHENTICATED (a missing or wrong key), FAILED_PRECONDITION (no
+CosyVoice2 model, or no prompt front end, on this server), UNAVAILABLE (still loading), INTERNAL (synthesis
+failed). A client that cancels or disconnects frees its stream at once.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from typing import Any
 
 import grpc
 
-from rtvoice.app.cosyvoice_api import cloning_service, prompt_voice, resolve_speaker, takes_instructions
 from rtvoice.app.access import Access
+from rtvoice.app.cosyvoice_api import cloning_service, prompt_voice, resolve_speaker, takes_instructions
 from rtvoice.app.cosyvoice_grpc import cosyvoice_pb2, cosyvoice_pb2_grpc
 from rtvoice.app.cosyvoice_grpc.guard import Guard
 from rtvoice.app.cosyvoice_grpc.status import status_of
@@ -48,8 +49,11 @@ PROMPT_RATE = 16_000
 def prompt_wav(pcm: bytes, param: str = "prompt_audio") -> bytes:
     """Raw 16 kHz int16 prompt samples as a WAV file, so they take the same decoding and checks as an upload."""
     if len(pcm) % 2:
-        raise InvalidRequest(f"'{param}' must be int16 samples (an even number of bytes); it has {len(pcm)}",
-                             code="invalid_audio", param=param)
+        raise InvalidRequest(
+            f"'{param}' must be int16 samples (an even number of bytes); it has {len(pcm)}",
+            code="invalid_audio",
+            param=param,
+        )
     return wav_header(PROMPT_RATE, len(pcm)) + pcm
 
 
@@ -98,15 +102,17 @@ class CosyVoiceService(cosyvoice_pb2_grpc.CosyVoiceServicer):
             cloning_service(engine)
             engine.check_text(zero_shot.tts_text, "tts_text")
             engine.check_text(zero_shot.prompt_text, "prompt_text")
-            voice = await prompt_voice(engine, prompt_wav(zero_shot.prompt_audio), "zero_shot", zero_shot.prompt_text,
-                                       param="prompt_audio")
+            voice = await prompt_voice(
+                engine, prompt_wav(zero_shot.prompt_audio), "zero_shot", zero_shot.prompt_text, param="prompt_audio"
+            )
             return voice, SynthesisOptions(), zero_shot.tts_text
         if payload == "cross_lingual_request":
             cross_lingual = request.cross_lingual_request
             cloning_service(engine)
             engine.check_text(cross_lingual.tts_text, "tts_text")
-            voice = await prompt_voice(engine, prompt_wav(cross_lingual.prompt_audio), "cross_lingual",
-                                       param="prompt_audio")
+            voice = await prompt_voice(
+                engine, prompt_wav(cross_lingual.prompt_audio), "cross_lingual", param="prompt_audio"
+            )
             return voice, SynthesisOptions(), cross_lingual.tts_text
         if payload == "instruct_request":
             instruct = request.instruct_request
@@ -116,18 +122,33 @@ class CosyVoiceService(cosyvoice_pb2_grpc.CosyVoiceServicer):
             if not takes_instructions(voice.info):
                 able = [info.id for info in engine.voice_infos() if takes_instructions(info)]
                 if not able:
-                    raise ModelNotLoaded("no voice on this server follows instructions: start it with "
-                                         "RTVOICE_COSYVOICE_DIR set to a CosyVoice2 model directory",
-                                         code="model_not_loaded")
-                raise InvalidRequest(f"voice {voice.info.id!r} cannot follow instructions; use one that can: "
-                                     f"{', '.join(able)}", code="voice_not_instructable", param="spk_id")
+                    raise ModelNotLoaded(
+                        "no voice on this server follows instructions: start it with "
+                        "RTVOICE_COSYVOICE_DIR set to a CosyVoice2 model directory",
+                        code="model_not_loaded",
+                    )
+                raise InvalidRequest(
+                    f"voice {voice.info.id!r} cannot follow instructions; use one that can: {', '.join(able)}",
+                    code="voice_not_instructable",
+                    param="spk_id",
+                )
             return voice, SynthesisOptions(instructions=instruct.instruct_text), instruct.tts_text
-        raise InvalidRequest("the request has no payload: set one of sft_request, zero_shot_request, "
-                             "cross_lingual_request, instruct_request", code="missing_payload", param="RequestPayload")
+        raise InvalidRequest(
+            "the request has no payload: set one of sft_request, zero_shot_request, "
+            "cross_lingual_request, instruct_request",
+            code="missing_payload",
+            param="RequestPayload",
+        )
 
 
-async def start(engine: Engine, host: str, port: int, requests: RequestMetrics, access: Access | None = None,
-                drain: Drain | None = None) -> grpc.aio.Server:
+async def start(
+    engine: Engine,
+    host: str,
+    port: int,
+    requests: RequestMetrics,
+    access: Access | None = None,
+    drain: Drain | None = None,
+) -> grpc.aio.Server:
     """Start the service on ``host:port`` in the running event loop; the caller stops it."""
     interceptors = [Guard(access, drain)] if access is not None and drain is not None else []
     server = grpc.aio.server(interceptors=interceptors)

@@ -15,8 +15,14 @@ from fastapi import WebSocket
 
 from rtvoice.app.request_context import track_stream
 from rtvoice.app.websocket.io import CLOSE_GOING_AWAY, Gone, SocketWriter, json_of, received
-from rtvoice.app.websocket.messages import (CancelledEvent, Delivered, StartedEvent, StartMessage, TextMessage,
-                                            message_type)
+from rtvoice.app.websocket.messages import (
+    CancelledEvent,
+    Delivered,
+    StartedEvent,
+    StartMessage,
+    TextMessage,
+    message_type,
+)
 from rtvoice.app.websocket.sender import Sender, shutting_down
 from rtvoice.app.websocket.utterances import Utterance, Utterances
 from rtvoice.engine.engine import Engine
@@ -86,8 +92,9 @@ class Connection:
         options = SynthesisOptions(speed=start.speed, seed=start.seed)
         self.engine.check_options(voice.validate, options)
         self.config = SessionConfig(voice, start.sample_rate or voice.info.sample_rate, options)
-        await self.sender.send_event(StartedEvent(voice=voice.info.id, sample_rate=self.config.sample_rate,
-                                                  speed=start.speed, seed=start.seed))
+        await self.sender.send_event(
+            StartedEvent(voice=voice.info.id, sample_rate=self.config.sample_rate, speed=start.speed, seed=start.seed)
+        )
 
     def _on_text(self, body: dict[str, Any]) -> None:
         self._check_open_for_input()
@@ -99,9 +106,12 @@ class Connection:
         limit = self.engine.settings.max_text_chars
         held = len(self.utterances.open.text) if self.utterances.open is not None else 0
         if held + len(fragment) > limit:
-            raise InvalidRequest(f"the utterance would have {held + len(fragment)} characters; the limit is {limit} "
-                                 "(this fragment was dropped; 'flush' to speak what came before it)",
-                                 code="input_too_long", param="text")
+            raise InvalidRequest(
+                f"the utterance would have {held + len(fragment)} characters; the limit is {limit} "
+                "(this fragment was dropped; 'flush' to speak what came before it)",
+                code="input_too_long",
+                param="text",
+            )
         utterance = self.utterances.open or self._open_utterance()
         utterance.text += fragment
         utterance.stream.push_text(fragment)
@@ -121,8 +131,9 @@ class Connection:
         if utterance is None or not is_speakable(utterance.text):
             if utterance is not None:
                 self.utterances.drop(utterance)
-            raise InvalidRequest("nothing to speak: send text with letters or digits before 'flush'",
-                                 code="empty_input")
+            raise InvalidRequest(
+                "nothing to speak: send text with letters or digits before 'flush'", code="empty_input"
+            )
         self.utterances.close_input(utterance)
 
     async def _on_cancel(self) -> None:
@@ -134,9 +145,12 @@ class Connection:
             return
         self.sender.start()
         try:
-            await self.sender.send_event(CancelledEvent(
-                utterances=[u.index for u in stopped],
-                delivered=[Delivered.of(u.index, u.words, u.samples / u.stream.sample_rate) for u in stopped]))
+            await self.sender.send_event(
+                CancelledEvent(
+                    utterances=[u.index for u in stopped],
+                    delivered=[Delivered.of(u.index, u.words, u.samples / u.stream.sample_rate) for u in stopped],
+                )
+            )
         except Gone:
             pass
 

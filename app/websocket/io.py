@@ -102,8 +102,12 @@ class Session(Protocol):
         """The drain ran out: stop, say ``server_shutting_down`` in the protocol's words, close 1001."""
 
 
-async def serve_session(websocket: WebSocket, path: str, error_event: Callable[[EngineError], dict[str, Any]],
-                        session: Callable[[WebSocket, Engine], Session]) -> None:
+async def serve_session(
+    websocket: WebSocket,
+    path: str,
+    error_event: Callable[[EngineError], dict[str, Any]],
+    session: Callable[[WebSocket, Engine], Session],
+) -> None:
     """Accept, then run ``session``; while the voices are still loading, the protocol's error event and close
     1013 instead. A session that fails closes with 1011."""
     await websocket.accept()

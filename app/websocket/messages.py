@@ -29,8 +29,9 @@ def message_type(body: Any) -> MessageType:
         raise InvalidRequest("a message is a JSON object with a string 'type'", code="invalid_message", param="type")
     kind = body["type"]
     if kind not in MESSAGE_TYPES:
-        raise InvalidRequest(f"unknown message type {kind!r}; valid types: {', '.join(MESSAGE_TYPES)}",
-                             code="unknown_type", param="type")
+        raise InvalidRequest(
+            f"unknown message type {kind!r}; valid types: {', '.join(MESSAGE_TYPES)}", code="unknown_type", param="type"
+        )
     return kind  # type: ignore[no-any-return]
 
 
@@ -61,8 +62,11 @@ class StartMessage(ClientMessage):
     def parse(cls, body: dict[str, Any]) -> StartMessage:
         start: StartMessage = super().parse(body)
         if start.encoding not in ENCODINGS:
-            raise InvalidRequest(f"unsupported encoding {start.encoding!r}; supported: {', '.join(ENCODINGS)}",
-                                 code="unsupported_encoding", param="encoding")
+            raise InvalidRequest(
+                f"unsupported encoding {start.encoding!r}; supported: {', '.join(ENCODINGS)}",
+                code="unsupported_encoding",
+                param="encoding",
+            )
         return start
 
 

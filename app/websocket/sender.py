@@ -14,8 +14,15 @@ import logging
 import time
 
 from rtvoice.app.websocket.io import CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, Gone, SocketWriter
-from rtvoice.app.websocket.messages import (AudioStartEvent, DoneEvent, ErrorEvent, SegmentDoneEvent, ServerEvent,
-                                            SessionTotals, WordEvent)
+from rtvoice.app.websocket.messages import (
+    AudioStartEvent,
+    DoneEvent,
+    ErrorEvent,
+    SegmentDoneEvent,
+    ServerEvent,
+    SessionTotals,
+    WordEvent,
+)
 from rtvoice.app.websocket.utterances import EndOfSession, Utterance, Utterances
 from rtvoice.engine.errors import EngineError, InvalidRequest
 from rtvoice.engine.stream import AudioChunk, SegmentDone, StreamState, WordTiming
@@ -96,8 +103,13 @@ class Sender:
                     # it waited behind, whichever is later. The first audio's words come with it, after this.
                     now = time.monotonic()
                     utterance.ttfa_s = now - max(utterance.text_at or now, self.previous_end)
-                    await self.send_event(AudioStartEvent(utterance=utterance.index, sample_rate=stream.sample_rate,
-                                                          ttfa_ms=round(utterance.ttfa_s * 1000, 1)))
+                    await self.send_event(
+                        AudioStartEvent(
+                            utterance=utterance.index,
+                            sample_rate=stream.sample_rate,
+                            ttfa_ms=round(utterance.ttfa_s * 1000, 1),
+                        )
+                    )
                 if isinstance(event, AudioChunk):
                     await self.writer.send(data=event.pcm.astype("<i2", copy=False).tobytes())
                     utterance.samples += len(event.pcm)
@@ -105,8 +117,9 @@ class Sender:
                     await self.send_event(WordEvent.of(event, utterance.index))
                     utterance.words.append(event)
                 elif isinstance(event, SegmentDone):
-                    await self.send_event(SegmentDoneEvent(utterance=utterance.index, index=event.index,
-                                                           text=event.text))
+                    await self.send_event(
+                        SegmentDoneEvent(utterance=utterance.index, index=event.index, text=event.text)
+                    )
         except EngineError as error:  # StreamFailed: this utterance is lost, the connection is not
             self.utterances.lost(utterance)
             await self.send_error(error, utterance=utterance.index)
@@ -127,10 +140,16 @@ class Sender:
             audio_s = utterance.samples / utterance.stream.sample_rate
             self.total_audio_s += audio_s
             self.utterances_done += 1
-            done = DoneEvent(utterance=utterance.index, final=final, audio_s=round(audio_s, 4),
-                             segments=stats.segments, text_chars=len(utterance.text),
-                             ttfa_ms=None if utterance.ttfa_s is None else round(utterance.ttfa_s * 1000, 1),
-                             compute_s=round(stats.compute_s, 4), late_chunks=stats.late_chunks)
+            done = DoneEvent(
+                utterance=utterance.index,
+                final=final,
+                audio_s=round(audio_s, 4),
+                segments=stats.segments,
+                text_chars=len(utterance.text),
+                ttfa_ms=None if utterance.ttfa_s is None else round(utterance.ttfa_s * 1000, 1),
+                compute_s=round(stats.compute_s, 4),
+                late_chunks=stats.late_chunks,
+            )
         else:
             done = DoneEvent(utterance=None, final=final, audio_s=0.0, segments=0, text_chars=0, ttfa_ms=None)
         if final:

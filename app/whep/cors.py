@@ -19,8 +19,11 @@ class WhepPreflight:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if scope["type"] != "http" or scope["method"] != "OPTIONS" or not (
-                path == "/whep" or path.startswith("/whep/")):
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "OPTIONS"
+            or not (path == "/whep" or path.startswith("/whep/"))
+        ):
             await self.app(scope, receive, send)
             return
 

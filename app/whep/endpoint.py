@@ -21,14 +21,13 @@ from aiortc import RTCPeerConnection
 from prometheus_client import Gauge
 
 from rtvoice.app.settings import Settings
-from rtvoice.engine.engine import Engine
-from rtvoice.engine.errors import Overloaded
-from rtvoice.engine.models.base import Voice
-
 from rtvoice.app.whep.ice import IceServer, link_headers, parse_ice_servers, rtc_configuration
 from rtvoice.app.whep.metrics import WhepMetrics
 from rtvoice.app.whep.resource import SessionContext, WhepResource
 from rtvoice.app.whep.sdp import Offer
+from rtvoice.engine.engine import Engine
+from rtvoice.engine.errors import Overloaded
+from rtvoice.engine.models.base import Voice
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +36,11 @@ class AtCapacity(Overloaded):
     """503 with Retry-After, like the engine's own overload, but for sessions."""
 
     def __init__(self, limit: int) -> None:
-        super().__init__(retry_after_s=2, message=f"the server already holds {limit} WHEP sessions; retry shortly",
-                         code="too_many_sessions")
+        super().__init__(
+            retry_after_s=2,
+            message=f"the server already holds {limit} WHEP sessions; retry shortly",
+            code="too_many_sessions",
+        )
 
 
 class WhepEndpoint:

@@ -51,10 +51,13 @@ def parse_ice_servers(entries: list[dict[str, object]]) -> list[IceServer]:
 
 def rtc_configuration(servers: list[IceServer]) -> RTCConfiguration:
     """The peer connection's configuration: the servers it gathers with, never aiortc's public default."""
-    return RTCConfiguration(iceServers=[
-        RTCIceServer(urls=list(s.urls), username=s.username, credential=s.credential)
-        for s in servers if not s.client_only
-    ])
+    return RTCConfiguration(
+        iceServers=[
+            RTCIceServer(urls=list(s.urls), username=s.username, credential=s.credential)
+            for s in servers
+            if not s.client_only
+        ]
+    )
 
 
 def _quoted(value: str) -> str:

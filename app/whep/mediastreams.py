@@ -76,8 +76,9 @@ class Mark:
 class SpeechTrack(MediaStreamTrack):
     kind = "audio"
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    ) -> None:
         super().__init__()
         self._clock = clock
         self._sleep = sleep

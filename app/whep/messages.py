@@ -30,8 +30,12 @@ class SpeakRequest(BaseModel):
 
     text: str = Field(description="The text to speak.")
     voice: str | None = Field(None, description="A voice id; the session's voice when omitted.")
-    request_id: str | None = Field(None, min_length=1, max_length=128,
-                                   description="The client's id for this utterance; the server makes one when omitted.")
+    request_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="The client's id for this utterance; the server makes one when omitted.",
+    )
     speed: Speed = 1.0
 
     voice_param: str = Field("voice", exclude=True)
@@ -78,11 +82,11 @@ def parse_message(data: str | bytes) -> SpeakRequest | Cancel:
         return parse_speak(message)
     if kind == "cancel":
         return Cancel()
-    raise InvalidRequest(f"unknown message type {kind!r}; expected 'tts_request' or 'cancel'",
-                       code="unknown_type", param="type")
+    raise InvalidRequest(
+        f"unknown message type {kind!r}; expected 'tts_request' or 'cancel'", code="unknown_type", param="type"
+    )
 
 
 def event(kind: str, **fields: Any) -> str:
     """One server event as JSON text (fields that are None are left out)."""
-    return json.dumps({"type": kind, **{k: v for k, v in fields.items() if v is not None}},
-                      separators=(",", ":"))
+    return json.dumps({"type": kind, **{k: v for k, v in fields.items() if v is not None}}, separators=(",", ":"))

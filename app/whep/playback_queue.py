@@ -17,6 +17,7 @@ are cancelled and the track falls silent from its next 20 ms frame; each one's
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 from collections import deque
@@ -24,15 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rtvoice.app.errors import HttpError, error_fields
+from rtvoice.app.whep.mediastreams import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE, SpeechTrack
+from rtvoice.app.whep.messages import SpeakRequest, event
 from rtvoice.app.words import delivered, word_fields
 from rtvoice.engine.audio.framing import FrameBuffer
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, StreamFailed
 from rtvoice.engine.models.base import SynthesisOptions, Voice
 from rtvoice.engine.stream import AudioChunk, SpeechStream, WordTiming
-
-from rtvoice.app.whep.mediastreams import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE, SpeechTrack
-from rtvoice.app.whep.messages import SpeakRequest, event
 
 MAX_QUEUED_AUDIO_S = 2.0
 """Speech the queue puts on the track ahead of playback; the engine's own backpressure does the rest."""
@@ -45,8 +45,9 @@ class QueueFull(HttpError):
     type = "rate_limit_error"
 
     def __init__(self, limit: int) -> None:
-        super().__init__(f"this session already has {limit} utterances playing or queued; wait or cancel",
-                         code="queue_full")
+        super().__init__(
+            f"this session already has {limit} utterances playing or queued; wait or cancel", code="queue_full"
+        )
         self.retry_after_s = 1
 
 
@@ -75,9 +76,17 @@ class QueuedUtterance:
 
 
 class PlaybackQueue:
-    def __init__(self, engine: Engine, track: SpeechTrack, voice: Voice, emit: Emit, max_pending: int,
-                 spawn: Callable[..., asyncio.Task[None]], on_outcome: Callable[[str], None] | None = None,
-                 on_first_frame: Callable[[QueuedUtterance], None] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        track: SpeechTrack,
+        voice: Voice,
+        emit: Emit,
+        max_pending: int,
+        spawn: Callable[..., asyncio.Task[None]],
+        on_outcome: Callable[[str], None] | None = None,
+        on_first_frame: Callable[[QueuedUtterance], None] | None = None,
+    ) -> None:
         self.engine = engine
         self.track = track
         self.voice = voice
@@ -105,14 +114,14 @@ class PlaybackQueue:
         if len(self._pending) >= self.max_pending:
             raise QueueFull(self.max_pending)
         self.engine.check_text(request.text, "text")
-        voice = self.voice if request.voice is None else self.engine.resolve_voice(request.voice,
-                                                                                   request.voice_param)
+        voice = self.voice if request.voice is None else self.engine.resolve_voice(request.voice, request.voice_param)
         options = SynthesisOptions(speed=request.speed)
         stream = None
         if not self._pending:
             stream = self._open(voice, options, request.text)
-        utterance = QueuedUtterance(request.request_id or f"u{next(_ids)}", request.text, voice, options, stream,
-                              reply_to)
+        utterance = QueuedUtterance(
+            request.request_id or f"u{next(_ids)}", request.text, voice, options, stream, reply_to
+        )
         self._pending.append(utterance)
         self._to_pump.append(utterance)
         self.track.activate()
@@ -135,8 +144,9 @@ class PlaybackQueue:
         for utterance in cancelled:
             played = self.track.speech_frames_sent - utterance.start_frame if utterance.first_frame_at else 0
             reached = delivered(utterance.words_played, max(0, played) * FRAME_S)
-            self._send(utterance, "cancelled", audio_s=round(max(0, played) * FRAME_S, 3),
-                       last_word=reached["last_word"])
+            self._send(
+                utterance, "cancelled", audio_s=round(max(0, played) * FRAME_S, 3), last_word=reached["last_word"]
+            )
             self._outcome("cancelled")
         return cancelled
 
@@ -216,7 +226,7 @@ class PlaybackQueue:
     def _mark_words(self, utterance: QueuedUtterance, words: deque[WordTiming], before_frame: int | None) -> None:
         """Marks for the words that start in the frame about to be queued (all of them when None)."""
         while words and (before_frame is None or int(words[0].start_s / FRAME_S) <= before_frame):
-            self.track.mark(lambda u=utterance, w=words.popleft(): self._on_word(u, w))
+            self.track.mark(functools.partial(self._on_word, utterance, words.popleft()))
 
     def _on_word(self, utterance: QueuedUtterance, word: WordTiming) -> None:
         if utterance.state in ("queued", "speaking"):
@@ -229,8 +239,9 @@ class PlaybackQueue:
         utterance.state = "speaking"
         utterance.first_frame_at = time.monotonic()
         utterance.start_frame = self.track.speech_frames_sent
-        self._send(utterance, "audio_start",
-                   ttfa_ms=round((utterance.first_frame_at - utterance.accepted_at) * 1000, 1))
+        self._send(
+            utterance, "audio_start", ttfa_ms=round((utterance.first_frame_at - utterance.accepted_at) * 1000, 1)
+        )
         if self._on_first_frame_sent is not None:
             self._on_first_frame_sent(utterance)
 

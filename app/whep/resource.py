@@ -19,17 +19,16 @@ from typing import Any
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.rtcdatachannel import RTCDataChannel
 
-from rtvoice.engine.engine import Engine
-from rtvoice.engine.errors import EngineError, InvalidRequest
-from rtvoice.engine.models.base import Voice
-
 from rtvoice.app.errors import error_fields
 from rtvoice.app.whep.marker import MarkerBitTransport
 from rtvoice.app.whep.mediastreams import SpeechTrack
 from rtvoice.app.whep.messages import Cancel, SpeakRequest, event, parse_message
 from rtvoice.app.whep.metrics import WhepMetrics
-from rtvoice.app.whep.sdp import IceFragment, Offer, SdpError, with_rtcp_mux_only
 from rtvoice.app.whep.playback_queue import PlaybackQueue, QueuedUtterance
+from rtvoice.app.whep.sdp import IceFragment, Offer, SdpError, with_rtcp_mux_only
+from rtvoice.engine.engine import Engine
+from rtvoice.engine.errors import EngineError, InvalidRequest
+from rtvoice.engine.models.base import Voice
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +68,16 @@ class WhepResource:
         self.track = SpeechTrack()
         self.track.on_late = context.metrics.count_late_frames
         self.track.on_underrun = context.metrics.count_underrun
-        self.playback = PlaybackQueue(context.engine, self.track, voice, self._emit, context.max_pending,
-                               self._spawn, context.metrics.count_utterance, context.metrics.observe_first_frame)
+        self.playback = PlaybackQueue(
+            context.engine,
+            self.track,
+            voice,
+            self._emit,
+            context.max_pending,
+            self._spawn,
+            context.metrics.count_utterance,
+            context.metrics.observe_first_frame,
+        )
         self.channels: list[RTCDataChannel] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._offer: Offer | None = None
@@ -119,7 +126,8 @@ class WhepResource:
         """Add the player's trickled candidates; raise IceRestartUnsupported for new ICE credentials."""
         assert self._offer is not None
         if (fragment.ufrag is not None and fragment.ufrag != self._offer.ice_ufrag) or (
-                fragment.pwd is not None and fragment.pwd != self._offer.ice_pwd):
+            fragment.pwd is not None and fragment.pwd != self._offer.ice_pwd
+        ):
             raise IceRestartUnsupported()
         self.touch()
         for candidate in fragment.candidates:
@@ -147,8 +155,15 @@ class WhepResource:
         """Queue an utterance (raises EngineError); an ``accepted`` event goes to where it came from."""
         self.touch()
         utterance = self.playback.submit(request, reply_to)
-        self._emit(event("accepted", request_id=utterance.id, voice=utterance.voice.info.id,
-                         queue_position=self.playback.queue_position(utterance)), reply_to)
+        self._emit(
+            event(
+                "accepted",
+                request_id=utterance.id,
+                voice=utterance.voice.info.id,
+                queue_position=self.playback.queue_position(utterance),
+            ),
+            reply_to,
+        )
         return utterance
 
     def cancel(self) -> list[QueuedUtterance]:
@@ -185,8 +200,7 @@ class WhepResource:
             self._emit(event("error", **error_fields(error), request_id=request_id), channel)
         except Exception:  # a bug here must not reach aiortc's SCTP handling
             log.exception("session %s: message handling failed", self.id)
-            self._emit(event("error", code="internal_error", message="internal error", request_id=request_id),
-                       channel)
+            self._emit(event("error", code="internal_error", message="internal error", request_id=request_id), channel)
 
     def broadcast(self, text: str) -> None:
         """An event to every open DataChannel of the session."""

@@ -40,16 +40,21 @@ def endpoint_of(request: Request) -> WhepEndpoint:
 def _require_media_type(request: Request, media_type: str, what: str, accept_header: str) -> None:
     """415, with the header that names the accepted type, unless the body is ``media_type``."""
     if request.headers.get("content-type", "").split(";")[0].strip().lower() != media_type:
-        raise HttpError(f"{what} must be sent as {media_type}", code="unsupported_media_type", status=415,
-                        headers={accept_header: media_type})
+        raise HttpError(
+            f"{what} must be sent as {media_type}",
+            code="unsupported_media_type",
+            status=415,
+            headers={accept_header: media_type},
+        )
 
 
 def session_of(request: Request, session_id: str) -> WhepResource:
     """The session named in the path (a dependency); 404 when it ended or never existed."""
     resource = endpoint_of(request).get(session_id)
     if resource is None:
-        raise HttpError(f"no WHEP session {session_id!r} (it ended, or never existed)", code="session_not_found",
-                        status=404)
+        raise HttpError(
+            f"no WHEP session {session_id!r} (it ended, or never existed)", code="session_not_found", status=404
+        )
     return resource
 
 
@@ -78,9 +83,18 @@ async def endpoint_get(request: Request) -> Response:
     "/whep",
     status_code=201,
     response_class=Response,
-    openapi_extra={"requestBody": {"required": True, "content": {SDP: {"schema": {"type": "string"}}}},
-                   "parameters": [{"name": "voice", "in": "query", "required": False,
-                                   "schema": {"type": "string"}, "description": "The session's voice id."}]},
+    openapi_extra={
+        "requestBody": {"required": True, "content": {SDP: {"schema": {"type": "string"}}}},
+        "parameters": [
+            {
+                "name": "voice",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": "The session's voice id.",
+            }
+        ],
+    },
     responses={201: {"content": {SDP: {}}, "description": "The SDP answer; Location names the session."}},
 )
 async def create_session(request: Request) -> Response:
@@ -101,8 +115,12 @@ async def create_session(request: Request) -> Response:
             lease.release()
         else:
             resource.on_close.append(lease.release)
-    response = Response(answer, status_code=201, media_type=SDP,
-                        headers={"Location": _location(request, resource), "ETag": resource.etag})
+    response = Response(
+        answer,
+        status_code=201,
+        media_type=SDP,
+        headers={"Location": _location(request, resource), "ETag": resource.etag},
+    )
     for link in endpoint.link_headers:
         response.headers.append("Link", link)
     return response
@@ -137,8 +155,12 @@ async def patch_session(request: Request, session: Session) -> Response:
     except SdpError as error:
         raise HttpError(error.message, code=error.code, param="sdpfrag") from error
     except IceRestartUnsupported as error:
-        raise HttpError("ICE restarts are not supported; the session keeps its ICE session (DELETE it and POST a "
-                        "new offer to reconnect)", code="ice_restart_unsupported", status=422) from error
+        raise HttpError(
+            "ICE restarts are not supported; the session keeps its ICE session (DELETE it and POST a "
+            "new offer to reconnect)",
+            code="ice_restart_unsupported",
+            status=422,
+        ) from error
     return Response(status_code=204)
 
 
@@ -155,16 +177,37 @@ async def delete_session(session: Session) -> Response:
 @router.post(
     "/whep/{session_id}/speak",
     status_code=202,
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
-        "type": "object", "required": ["text"], "properties": {
-            "text": {"type": "string"}, "voice": {"type": "string"}, "request_id": {"type": "string"},
-            "speed": {"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED}}}}}}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["text"],
+                        "properties": {
+                            "text": {"type": "string"},
+                            "voice": {"type": "string"},
+                            "request_id": {"type": "string"},
+                            "speed": {"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED},
+                        },
+                    }
+                }
+            },
+        }
+    },
 )
 async def speak(request: Request, session: Session) -> Response:
     """Speak ``text`` on the session's audio track, after what it is already saying; 202 with the request id."""
     utterance = session.speak(parse_speak(await read_json(request)))
-    return JSONResponse({"request_id": utterance.id, "voice": utterance.voice.info.id,
-                         "queue_position": session.playback.queue_position(utterance)}, status_code=202)
+    return JSONResponse(
+        {
+            "request_id": utterance.id,
+            "voice": utterance.voice.info.id,
+            "queue_position": session.playback.queue_position(utterance),
+        },
+        status_code=202,
+    )
 
 
 @router.delete("/whep/{session_id}/speak", status_code=200)

@@ -50,15 +50,18 @@ def parse_offer(body: bytes) -> Offer:
         raise SdpError("the offer has no audio m-line; WHEP here plays speech on one audio track", code="no_audio")
     media = audio[0]  # aiortc answers the first audio m-line with the speech track
     if media.direction not in (None, "recvonly", "sendrecv"):
-        raise SdpError(f"the offer's audio is '{media.direction}'; a player must offer recvonly (or sendrecv)",
-                       code="invalid_direction")
+        raise SdpError(
+            f"the offer's audio is '{media.direction}'; a player must offer recvonly (or sendrecv)",
+            code="invalid_direction",
+        )
     if media.port == 0:
         raise SdpError("the offer's audio m-line is rejected (port 0)", code="no_audio")
     if media.ice is None or not media.ice.usernameFragment or not media.ice.password:
         raise SdpError("the offer has no ICE credentials (a=ice-ufrag, a=ice-pwd)")
     bundle = next((g for g in description.group if g.semantic == "BUNDLE" and g.items), None)
-    return Offer(text, description, media.ice.usernameFragment, media.ice.password,
-                 str(bundle.items[0]) if bundle else None)
+    return Offer(
+        text, description, media.ice.usernameFragment, media.ice.password, str(bundle.items[0]) if bundle else None
+    )
 
 
 def with_rtcp_mux_only(sdp: str) -> str:
@@ -111,8 +114,9 @@ def parse_fragment(body: bytes) -> IceFragment:
             try:
                 candidate = candidate_from_sdp(value)
             except (AssertionError, ValueError, IndexError) as error:
-                raise SdpError(f"line {number}: malformed candidate {value[:80]!r}",
-                               code="invalid_candidate") from error
+                raise SdpError(
+                    f"line {number}: malformed candidate {value[:80]!r}", code="invalid_candidate"
+                ) from error
             placed.append((len(section_mid) - 1, candidate))
     for section, candidate in placed:
         candidate.sdpMid = section_mid[section]

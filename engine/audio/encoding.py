@@ -54,9 +54,13 @@ def wav_header(sample_rate: int, data_bytes: int | None = None, channels: int = 
     data_size = UNKNOWN_SIZE if data_bytes is None else data_bytes
     riff_size = UNKNOWN_SIZE if data_bytes is None else 36 + data_bytes
     return (
-        b"RIFF" + struct.pack("<I", riff_size) + b"WAVE"
-        + b"fmt " + struct.pack("<IHHIIHH", 16, 1, channels, sample_rate, sample_rate * block_align, block_align, 16)
-        + b"data" + struct.pack("<I", data_size)
+        b"RIFF"
+        + struct.pack("<I", riff_size)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<IHHIIHH", 16, 1, channels, sample_rate, sample_rate * block_align, block_align, 16)
+        + b"data"
+        + struct.pack("<I", data_size)
     )
 
 
@@ -136,8 +140,9 @@ class AvEncoder:
     def encode(self, pcm: np.ndarray) -> bytes:
         if len(pcm) == 0:
             return self._sink.take()
-        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(pcm, dtype=np.int16)[None, :], format="s16",
-                                           layout="mono")
+        frame = av.AudioFrame.from_ndarray(
+            np.ascontiguousarray(pcm, dtype=np.int16)[None, :], format="s16", layout="mono"
+        )
         frame.sample_rate = self.sample_rate
         frame.pts = self._pts
         self._pts += len(pcm)

@@ -19,7 +19,7 @@ class FrameBuffer:
         pcm = np.asarray(pcm, dtype=np.int16).reshape(-1)
         data = np.concatenate((self._pending, pcm)) if len(self._pending) else pcm
         whole = len(data) - len(data) % self.frame_samples
-        frames = [data[i:i + self.frame_samples].copy() for i in range(0, whole, self.frame_samples)]
+        frames = [data[i : i + self.frame_samples].copy() for i in range(0, whole, self.frame_samples)]
         self._pending = data[whole:].copy()
         return frames
 
@@ -28,7 +28,7 @@ class FrameBuffer:
         if not len(self._pending):
             return None
         frame = np.zeros(self.frame_samples, dtype=np.int16)
-        frame[:len(self._pending)] = self._pending
+        frame[: len(self._pending)] = self._pending
         self._pending = np.zeros(0, dtype=np.int16)
         return frame
 

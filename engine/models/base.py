@@ -245,7 +245,9 @@ class Voice(ABC):
         return self.info.model
 
     def validate(self, options: SynthesisOptions) -> None:
-        """Raise ValueError when this voice cannot honour ``options``."""
+        """Raise ValueError when this voice cannot honour ``options``; by default it honours every option."""
+        return None
 
     def warmup(self) -> None:
-        """Run once so that the first request does not pay for lazy initialisation."""
+        """Run once so that the first request does not pay for lazy initialisation; by default nothing is lazy."""
+        return None

@@ -206,12 +206,18 @@ class UpsampleConformerEncoder(nn.Module):
         x = self.pre_lookahead_layer.convolve(x, h.transpose(1, 2))
         chunk = self.cfg.static_chunk_size
         stride = self.up_layer.stride
-        x = self._stack_masked(self.encoders, x, padded_chunk_mask(
-            t, [chunk if s else 0 for s in streaming], lengths, x.device))
+        x = self._stack_masked(
+            self.encoders, x, padded_chunk_mask(t, [chunk if s else 0 for s in streaming], lengths, x.device)
+        )
         x = self.up_layer(x.transpose(1, 2)).transpose(1, 2)
         x = self.up_embed(x)
-        x = self._stack_masked(self.up_encoders, x, padded_chunk_mask(
-            t * stride, [chunk * stride if s else 0 for s in streaming], [n * stride for n in lengths], x.device))
+        x = self._stack_masked(
+            self.up_encoders,
+            x,
+            padded_chunk_mask(
+                t * stride, [chunk * stride if s else 0 for s in streaming], [n * stride for n in lengths], x.device
+            ),
+        )
         return self.after_norm(x)
 
     def _stack_masked(self, layers: nn.ModuleList, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -27,8 +27,16 @@ class Estimator(Protocol):
     row) and chunks [B] (attention chunk in frames per row, 0 for full attention) -> velocity [B, C, T].
     :meth:`CausalConditionalDecoder.forward_masked` is the torch one; a TensorRT engine is another."""
 
-    def __call__(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
-                 cond: torch.Tensor, lengths: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor: ...
+    def __call__(
+        self,
+        x: torch.Tensor,
+        mu: torch.Tensor,
+        t: torch.Tensor,
+        spks: torch.Tensor,
+        cond: torch.Tensor,
+        lengths: torch.Tensor,
+        chunks: torch.Tensor,
+    ) -> torch.Tensor: ...
 
 
 def attention_bias(frames: int, lengths: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
@@ -37,8 +45,11 @@ def attention_bias(frames: int, lengths: torch.Tensor, chunks: torch.Tensor) -> 
     exports to ONNX with a dynamic T and batch."""
     pos = torch.arange(frames, device=lengths.device)
     chunk = chunks[:, None]
-    limit = torch.where(chunk > 0, torch.div(pos[None], chunk.clamp(min=1), rounding_mode="floor") * chunk + chunk,
-                        torch.full_like(chunk, frames))
+    limit = torch.where(
+        chunk > 0,
+        torch.div(pos[None], chunk.clamp(min=1), rounding_mode="floor") * chunk + chunk,
+        torch.full_like(chunk, frames),
+    )
     limit = torch.minimum(limit, lengths[:, None]).clamp(min=1)  # [B, T]; padded rows still see key 0
     visible = pos[None, None, :] < limit[:, :, None]
     return torch.where(visible, 0.0, MASKED)[:, None]
@@ -212,15 +223,26 @@ class CausalConditionalDecoder(nn.Module):
         return self._run(x, mu, t, spks, cond, bias)
 
     def forward_masked(
-        self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
-        lengths: torch.Tensor, chunks: torch.Tensor,
+        self,
+        x: torch.Tensor,
+        mu: torch.Tensor,
+        t: torch.Tensor,
+        spks: torch.Tensor,
+        cond: torch.Tensor,
+        lengths: torch.Tensor,
+        chunks: torch.Tensor,
     ) -> torch.Tensor:
         """A right-padded batch with per-row valid lengths and attention chunks (see :class:`Estimator`).
         Every conv is causal, so row b's first lengths[b] frames equal :meth:`forward` on them alone."""
         return self._run(x, mu, t, spks, cond, attention_bias(x.shape[2], lengths, chunks).to(x.dtype))
 
     def _run(
-        self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
+        self,
+        x: torch.Tensor,
+        mu: torch.Tensor,
+        t: torch.Tensor,
+        spks: torch.Tensor,
+        cond: torch.Tensor,
         bias: torch.Tensor | None,
     ) -> torch.Tensor:
         t_emb = self.time_mlp(t)

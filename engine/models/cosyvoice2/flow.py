@@ -93,8 +93,13 @@ class CausalConditionalCFM(nn.Module):
         return x
 
     def forward_padded(
-        self, mu: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor, n_timesteps: int,
-        lengths: list[int], chunks: list[int],
+        self,
+        mu: torch.Tensor,
+        spks: torch.Tensor,
+        cond: torch.Tensor,
+        n_timesteps: int,
+        lengths: list[int],
+        chunks: list[int],
     ) -> torch.Tensor:
         """A right-padded batch: mu, cond [B, C, T], spks [B, S]; row b has lengths[b] valid frames and
         attends in chunks of chunks[b] frames (0: full attention). Each row's valid frames equal
@@ -110,8 +115,9 @@ class CausalConditionalCFM(nn.Module):
         lengths_in = torch.tensor(lengths + lengths, device=mu.device)
         chunks_in = torch.tensor(chunks + chunks, device=mu.device)
         accelerated = self.accelerated
-        x = self._euler(accelerated or self.estimator.forward_masked, x, mu_in, spks_in, cond_in, t_span,
-                        lengths_in, chunks_in)
+        x = self._euler(
+            accelerated or self.estimator.forward_masked, x, mu_in, spks_in, cond_in, t_span, lengths_in, chunks_in
+        )
         if accelerated is not None and self.fp32_fallback is not None and not bool(torch.isfinite(x).all()):
             # One check per flow call (the caller reads the audio back anyway), none per Euler step.
             log.warning("the fp16 TensorRT estimator produced non-finite mel; switching to torch fp32 for good")
@@ -120,9 +126,17 @@ class CausalConditionalCFM(nn.Module):
             x = self._euler(fallback, x, mu_in, spks_in, cond_in, t_span, lengths_in, chunks_in)
         return x
 
-    def _euler(self, estimator: Estimator, x: torch.Tensor, mu_in: torch.Tensor, spks_in: torch.Tensor,
-               cond_in: torch.Tensor, t_span: torch.Tensor, lengths_in: torch.Tensor,
-               chunks_in: torch.Tensor) -> torch.Tensor:
+    def _euler(
+        self,
+        estimator: Estimator,
+        x: torch.Tensor,
+        mu_in: torch.Tensor,
+        spks_in: torch.Tensor,
+        cond_in: torch.Tensor,
+        t_span: torch.Tensor,
+        lengths_in: torch.Tensor,
+        chunks_in: torch.Tensor,
+    ) -> torch.Tensor:
         batch = x.shape[0]
         rate = self.cfg.inference_cfg_rate
         t = t_span[0:1]
@@ -218,7 +232,11 @@ class CausalMaskedDiffWithXvec(nn.Module):
             spks.append(self.spk_embed_affine_layer(F.normalize(i.embedding, dim=1)))
         chunk = self.decoder.estimator.cfg.static_chunk_size
         mel = self.decoder.forward_padded(
-            h.transpose(1, 2), torch.cat(spks), cond.transpose(1, 2), N_TIMESTEPS, frames,
+            h.transpose(1, 2),
+            torch.cat(spks),
+            cond.transpose(1, 2),
+            N_TIMESTEPS,
+            frames,
             [chunk if i.streaming else 0 for i in items],
         )
         return [mel[b : b + 1, :, i.prompt_feat.shape[1] : frames[b]] for b, i in enumerate(items)]

@@ -46,10 +46,25 @@ END_OF_PROMPT = "<|endofprompt|>"
 # in this order (``<|endofprompt|>`` becomes 151646 with CosyVoice-BlankEN), so the order is part of
 # the model's interface and must not change. The first two already exist in Qwen2's vocabulary.
 COSYVOICE2_SPECIAL_TOKENS = (
-    "<|im_start|>", "<|im_end|>", END_OF_PROMPT,
-    "[breath]", "<strong>", "</strong>", "[noise]", "[laughter]", "[cough]", "[clucking]", "[accent]",
-    "[quick_breath]", "<laughter>", "</laughter>", "[hissing]", "[sigh]", "[vocalized-noise]",
-    "[lipsmack]", "[mn]",
+    "<|im_start|>",
+    "<|im_end|>",
+    END_OF_PROMPT,
+    "[breath]",
+    "<strong>",
+    "</strong>",
+    "[noise]",
+    "[laughter]",
+    "[cough]",
+    "[clucking]",
+    "[accent]",
+    "[quick_breath]",
+    "<laughter>",
+    "</laughter>",
+    "[hissing]",
+    "[sigh]",
+    "[vocalized-noise]",
+    "[lipsmack]",
+    "[mn]",
 )
 _TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer_config.json")
 
@@ -69,11 +84,13 @@ class QwenTokenizer:
         from transformers import AutoTokenizer
 
         self._tokenizer = AutoTokenizer.from_pretrained(str(directory))
-        self._tokenizer.add_special_tokens({
-            "eos_token": "<|endoftext|>",
-            "pad_token": "<|endoftext|>",
-            "additional_special_tokens": list(COSYVOICE2_SPECIAL_TOKENS),
-        })
+        self._tokenizer.add_special_tokens(
+            {
+                "eos_token": "<|endoftext|>",
+                "pad_token": "<|endoftext|>",
+                "additional_special_tokens": list(COSYVOICE2_SPECIAL_TOKENS),
+            }
+        )
         # A fast tokenizer's Rust core refuses concurrent use ("Already borrowed"); calls are short.
         self._lock = threading.Lock()
 
@@ -101,7 +118,7 @@ class ByteFallbackTokenizer:
         ids: list[int] = []
         position = 0
         for match in self._pattern.finditer(text):
-            ids.extend(text[position: match.start()].encode("utf-8"))
+            ids.extend(text[position : match.start()].encode("utf-8"))
             ids.append(self._special[match.group(0)])
             position = match.end()
         ids.extend(text[position:].encode("utf-8"))
@@ -118,7 +135,8 @@ def load_tokenizer(directory: Path, vocab_size: int) -> TextTokenizer:
         return QwenTokenizer(directory)
     log.warning(
         "%s has no tokenizer files: using the byte-level FALLBACK tokenizer meant for test fixtures; "
-        "a trained model will not speak the text correctly", directory,
+        "a trained model will not speak the text correctly",
+        directory,
     )
     return ByteFallbackTokenizer(vocab_size)
 
@@ -128,18 +146,38 @@ def load_tokenizer(directory: Path, vocab_size: int) -> TextTokenizer:
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 _MARKUP = re.compile(r"<\|[^|<>]*\|>")
 _BLANK_BETWEEN = re.compile(r"(?<=[^\x00-\x7f]) +|(?<!\s) +(?=[^\x00-\x7f])")
-_BRACKETS = str.maketrans({"\u3010": "", "\u3011": "", "\u300a": "", "\u300b": "", "`": "", "(": "\uff0c",
-                           ")": "\uff0c", "\uff08": "\uff0c", "\uff09": "\uff0c"})
+_BRACKETS = str.maketrans(
+    {
+        "\u3010": "",
+        "\u3011": "",
+        "\u300a": "",
+        "\u300b": "",
+        "`": "",
+        "(": "\uff0c",
+        ")": "\uff0c",
+        "\uff08": "\uff0c",
+        "\uff09": "\uff0c",
+    }
+)
 _TRAILING_COMMAS = re.compile(r"[\uff0c,\u3001]+$")
 _NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(st|nd|rd|th)?(?![\w])")
 _PERCENT = re.compile(r"(?<=\d)\s?%")
 
-_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-         "sixteen seventeen eighteen nineteen").split()
+_ONES = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen"
+).split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
 _SCALES = ((10**12, "trillion"), (10**9, "billion"), (10**6, "million"), (10**3, "thousand"))
-_ORDINAL_WORDS = {"one": "first", "two": "second", "three": "third", "five": "fifth", "eight": "eighth",
-                  "nine": "ninth", "twelve": "twelfth"}
+_ORDINAL_WORDS = {
+    "one": "first",
+    "two": "second",
+    "three": "third",
+    "five": "fifth",
+    "eight": "eighth",
+    "nine": "ninth",
+    "twelve": "twelfth",
+}
 
 
 def _below_thousand(n: int) -> str:
@@ -247,8 +285,7 @@ def decode_audio(data: bytes, param: str = "prompt_wav") -> tuple[np.ndarray, in
     if not data:
         raise _audio_error(f"'{param}' is empty", "invalid_audio", param)
     if len(data) > MAX_UPLOAD_BYTES:
-        raise _audio_error(f"'{param}' is larger than {MAX_UPLOAD_BYTES // (1024 * 1024)} MB", "audio_too_large",
-                           param)
+        raise _audio_error(f"'{param}' is larger than {MAX_UPLOAD_BYTES // (1024 * 1024)} MB", "audio_too_large", param)
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
             if not container.streams.audio:
@@ -282,14 +319,23 @@ def load_prompt_audio(data: bytes, model_rate: int, param: str = "prompt_wav") -
     audio, rate = decode_audio(data, param)
     duration = len(audio) / rate
     if rate < MIN_PROMPT_RATE:
-        raise _audio_error(f"'{param}' is sampled at {rate} Hz; prompts need at least {MIN_PROMPT_RATE} Hz",
-                           "sample_rate_too_low", param)
+        raise _audio_error(
+            f"'{param}' is sampled at {rate} Hz; prompts need at least {MIN_PROMPT_RATE} Hz",
+            "sample_rate_too_low",
+            param,
+        )
     if duration > MAX_PROMPT_SECONDS:
-        raise _audio_error(f"'{param}' is {duration:.1f} s long; prompts may be at most {MAX_PROMPT_SECONDS:.0f} s",
-                           "audio_too_long", param)
+        raise _audio_error(
+            f"'{param}' is {duration:.1f} s long; prompts may be at most {MAX_PROMPT_SECONDS:.0f} s",
+            "audio_too_long",
+            param,
+        )
     if duration < MIN_PROMPT_SECONDS:
-        raise _audio_error(f"'{param}' is {duration:.2f} s long; prompts need at least {MIN_PROMPT_SECONDS} s",
-                           "audio_too_short", param)
+        raise _audio_error(
+            f"'{param}' is {duration:.2f} s long; prompts need at least {MIN_PROMPT_SECONDS} s",
+            "audio_too_short",
+            param,
+        )
     level = float(np.sqrt(np.mean(np.square(audio, dtype=np.float64))))
     if level < SILENCE_RMS:
         raise _audio_error(f"'{param}' is silent (RMS {level:.1e}); record the voice to copy", "audio_silent", param)
@@ -384,8 +430,15 @@ def ids_tensor(ids: Sequence[int], device: torch.device | str = "cpu") -> torch.
 class Frontend:
     """Text ids and prompt features for one loaded model; stateless apart from its sessions."""
 
-    def __init__(self, tokenizer: TextTokenizer, mel: MelExtractor, model_rate: int, token_mel_ratio: int,
-                 speech_tokenizer: Any | None, campplus: Any | None) -> None:
+    def __init__(
+        self,
+        tokenizer: TextTokenizer,
+        mel: MelExtractor,
+        model_rate: int,
+        token_mel_ratio: int,
+        speech_tokenizer: Any | None,
+        campplus: Any | None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.mel = mel
         self.model_rate = model_rate
@@ -405,10 +458,13 @@ class Frontend:
         assert self.speech_tokenizer is not None
         mel = whisper_log_mel(audio_16k)
         inputs = self.speech_tokenizer.get_inputs()
-        (tokens, *_) = self.speech_tokenizer.run(None, {
-            inputs[0].name: mel,
-            inputs[1].name: np.array([mel.shape[2]], dtype=np.int32),
-        })
+        (tokens, *_) = self.speech_tokenizer.run(
+            None,
+            {
+                inputs[0].name: mel,
+                inputs[1].name: np.array([mel.shape[2]], dtype=np.int32),
+            },
+        )
         return np.asarray(tokens).reshape(-1).astype(np.int32)
 
     def speaker_embedding(self, audio_16k: np.ndarray) -> np.ndarray:

@@ -149,13 +149,13 @@ class Qwen2LM(nn.Module):
         device = inputs[0].device
         lengths = [x.shape[0] for x in inputs]
         past_list = [s.position for s in streams]
-        n_new, total = max(lengths), max(p + n for p, n in zip(past_list, lengths))
+        n_new, total = max(lengths), max(p + n for p, n in zip(past_list, lengths, strict=True))
         batch = len(streams)
         x = inputs[0][None] if batch == 1 else nn.utils.rnn.pad_sequence(inputs, batch_first=True)  # [B, N, D]
         past = torch.tensor(past_list, device=device)
         positions = past[:, None] + torch.arange(n_new, device=device)[None]  # [B, N]
 
-        buffers = [self._ensure_capacity(s, p + n, x) for s, p, n in zip(streams, past_list, lengths)]
+        buffers = [self._ensure_capacity(s, p + n, x) for s, p, n in zip(streams, past_list, lengths, strict=True)]
         if batch == 1:
             kv = buffers[0][None, :, :, :, :total]  # a view: new positions land in the stream's buffer
         else:
@@ -164,13 +164,13 @@ class Qwen2LM(nn.Module):
             # of every stream's valid cache. Zero padding keeps the masked keys finite.
             first = buffers[0]
             kv = first.new_zeros(batch, *first.shape[:3], total, first.shape[4])  # [B, layers, 2, Hkv, T, hd]
-            for b, (buffer, p) in enumerate(zip(buffers, past_list)):
+            for b, (buffer, p) in enumerate(zip(buffers, past_list, strict=True)):
                 kv[b, :, :, :, :p] = buffer[:, :, :, :p]
         # Where each new position goes: rows and positions of the valid (unpadded) inputs (built on the
         # host, one transfer each: no per-stream kernels on a GPU).
         rows = torch.tensor([b for b, n in enumerate(lengths) for _ in range(n)], device=device)
         cols = torch.tensor([i for n in lengths for i in range(n)], device=device)  # index into the new inputs
-        slots = torch.tensor([p + i for p, n in zip(past_list, lengths) for i in range(n)], device=device)
+        slots = torch.tensor([p + i for p, n in zip(past_list, lengths, strict=True) for i in range(n)], device=device)
 
         mask = self._allowed(past, n_new, total)
         cos, sin = self.backbone.rotary_emb(x, positions)
@@ -194,7 +194,7 @@ class Qwen2LM(nn.Module):
         last = torch.tensor(lengths, device=device) - 1
         hidden = self.backbone.norm(x[torch.arange(batch, device=device), last])  # [B, D]
 
-        for b, (stream, p, n) in enumerate(zip(streams, past_list, lengths)):
+        for b, (stream, p, n) in enumerate(zip(streams, past_list, lengths, strict=True)):
             if batch > 1:
                 buffers[b][:, :, :, p : p + n] = kv[b, :, :, :, p : p + n]
             stream.position = p + n

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .frontend import Frontend, ids_tensor, load_tokenizer
-from .loader import QWEN_DIR
-from .model import CosyVoice2Model
 from rtvoice.engine.models.base import StepPayload
 
+from .frontend import Frontend, ids_tensor, load_tokenizer
 from .info import MODEL_NAME
+from .loader import QWEN_DIR
+from .model import CosyVoice2Model
 from .steps import MAX_TOKEN_TEXT_RATIO, MIN_TOKEN_TEXT_RATIO, LMResult, NextTokenJob, PrefillJob, Token2WavJob
 from .token2wav import FlowPrompt
 
@@ -35,8 +35,14 @@ def default_token2wav_batch(device: torch.device) -> int:
 
 
 class CosyVoice2Runner:
-    def __init__(self, model: CosyVoice2Model, model_dir: Path, device: torch.device, threads: int = 1,
-                 token2wav_batch: int | None = None) -> None:
+    def __init__(
+        self,
+        model: CosyVoice2Model,
+        model_dir: Path,
+        device: torch.device,
+        threads: int = 1,
+        token2wav_batch: int | None = None,
+    ) -> None:
         self.model = model
         self.device = device
         self.threads = max(1, threads)
@@ -46,8 +52,12 @@ class CosyVoice2Runner:
         """Batch keys carry this, so steps of every voice of this model may share a call."""
         vocab = model.llm.backbone.config.vocab_size
         self.frontend = Frontend(
-            load_tokenizer(model_dir / QWEN_DIR, vocab), model.mel, model.sample_rate, model.config.token_mel_ratio,
-            model.speech_tokenizer, model.campplus,
+            load_tokenizer(model_dir / QWEN_DIR, vocab),
+            model.mel,
+            model.sample_rate,
+            model.config.token_mel_ratio,
+            model.speech_tokenizer,
+            model.campplus,
         )
         noise_frames = model.flow.decoder.rand_noise.shape[2]
         self.max_flow_tokens = noise_frames // model.config.token_mel_ratio - 1
@@ -67,7 +77,10 @@ class CosyVoice2Runner:
     def run(self, payloads: Sequence[StepPayload]) -> list[Any]:
         """One batch: LM jobs (prefills or next tokens) or token-to-wave chunks."""
         calls: dict[type[StepPayload], Callable[[Any], list[Any]]] = {
-            PrefillJob: self._lm, NextTokenJob: self._lm, Token2WavJob: self._token2wav}
+            PrefillJob: self._lm,
+            NextTokenJob: self._lm,
+            Token2WavJob: self._token2wav,
+        }
         call = calls.get(type(payloads[0]))
         if call is None:
             raise ValueError(f"a CosyVoice2 voice cannot run {type(payloads[0]).__name__}")
@@ -80,9 +93,14 @@ class CosyVoice2Runner:
         for job in jobs:
             if isinstance(job, PrefillJob):
                 text_ids = ids_tensor(job.text_ids, self.device)
-                stream = llm.start(text_ids, job.prompt.text_ids, job.prompt.speech_tokens,
-                                   generator=job.generator, min_token_text_ratio=MIN_TOKEN_TEXT_RATIO,
-                                   max_token_text_ratio=MAX_TOKEN_TEXT_RATIO)
+                stream = llm.start(
+                    text_ids,
+                    job.prompt.text_ids,
+                    job.prompt.speech_tokens,
+                    generator=job.generator,
+                    min_token_text_ratio=MIN_TOKEN_TEXT_RATIO,
+                    max_token_text_ratio=MAX_TOKEN_TEXT_RATIO,
+                )
                 stream.max_len = min(stream.max_len, job.max_tokens)
                 stream.min_len = min(stream.min_len, stream.max_len)
                 stream.finished = stream.max_len <= 0
@@ -118,8 +136,11 @@ class CosyVoice2Runner:
                 logp = llm.forward_step([stream])[0]
                 llm.choose(stream, logp)
             if prompt is None:
-                prompt = FlowPrompt(empty, torch.zeros(1, 0, self.mel_bins, device=self.device),
-                                    torch.zeros(1, self.model.config.flow.spk_embed_dim, device=self.device))
+                prompt = FlowPrompt(
+                    empty,
+                    torch.zeros(1, 0, self.mel_bins, device=self.device),
+                    torch.zeros(1, self.model.config.flow.spk_embed_dim, device=self.device),
+                )
             chunks = t2w.stream(prompt, generator)
             chunks.add_tokens([1] * (t2w.chunk_size * 2 + t2w.pre_lookahead))
             chunks.step()

@@ -18,8 +18,8 @@ from rtvoice.engine.models.base import VoiceInfo
 
 from .files import CosyVoiceDirError, check_model_dir
 from .frontend import Frontend, PromptAudio, PromptFeatures, load_prompt_audio
-from .model import CosyVoice2Model
 from .info import MODEL_NAME, SPEAKER_PREFIX
+from .model import CosyVoice2Model
 from .runner import CosyVoice2Runner
 from .voice import CosyVoice2Voice, Mode
 from .voice_store import SavedVoice, VoiceStore
@@ -65,8 +65,15 @@ def spk2info_features(entry: dict[str, Any], mel_bins: int) -> PromptFeatures:
 
 
 class CosyVoice2Service:
-    def __init__(self, model: CosyVoice2Model, model_dir: Path, device: torch.device,
-                 store: VoiceStore | None, threads: int = 1, token2wav_batch: int | None = None) -> None:
+    def __init__(
+        self,
+        model: CosyVoice2Model,
+        model_dir: Path,
+        device: torch.device,
+        store: VoiceStore | None,
+        threads: int = 1,
+        token2wav_batch: int | None = None,
+    ) -> None:
         self.runner = CosyVoice2Runner(model, model_dir, device, threads, token2wav_batch)
         """Runs the steps of every voice of this model."""
         self.model_dir = model_dir
@@ -76,15 +83,29 @@ class CosyVoice2Service:
             try:
                 features = spk2info_features(entry, self.mel_bins)
                 voice_id = f"{SPEAKER_PREFIX}{name}"
-                self.speakers[voice_id] = self.make_voice(voice_id, features, name=name, source="spk2info",
-                                                          description=f"CosyVoice2 speaker '{name}' (spk2info.pt)")
+                self.speakers[voice_id] = self.make_voice(
+                    voice_id,
+                    features,
+                    name=name,
+                    source="spk2info",
+                    description=f"CosyVoice2 speaker '{name}' (spk2info.pt)",
+                )
             except (ValueError, KeyError, RuntimeError) as error:
                 log.warning("skipping spk2info speaker %r: %s", name, error)
 
     @classmethod
-    def load(cls, model_dir: Path, voices_dir: Path | None, device: str = "cpu", threads: int = 1, *,
-             estimator: str = "auto", token2wav_batch: int = 0, data_dir: Path | None = None,
-             concurrent_calls: int = 1) -> CosyVoice2Service:
+    def load(
+        cls,
+        model_dir: Path,
+        voices_dir: Path | None,
+        device: str = "cpu",
+        threads: int = 1,
+        *,
+        estimator: str = "auto",
+        token2wav_batch: int = 0,
+        data_dir: Path | None = None,
+        concurrent_calls: int = 1,
+    ) -> CosyVoice2Service:
         """Load ``model_dir``; the keywords are the ``RTVOICE_COSYVOICE_*`` settings, passed by the registry.
 
         ``token2wav_batch`` 0 picks the device's default; ``data_dir`` is where TensorRT engines go when the
@@ -96,24 +117,47 @@ class CosyVoice2Service:
         resolved = resolve_device(device)
         log.info("loading CosyVoice2 from %s on %s", model_dir, resolved)
         model = CosyVoice2Model.load(model_dir, device=resolved)
-        service = cls(model, model_dir, resolved, VoiceStore(voices_dir) if voices_dir is not None else None, threads,
-                      token2wav_batch=token2wav_batch or None)
+        service = cls(
+            model,
+            model_dir,
+            resolved,
+            VoiceStore(voices_dir) if voices_dir is not None else None,
+            threads,
+            token2wav_batch=token2wav_batch or None,
+        )
         service.setup_estimator(estimator, data_dir=data_dir, contexts=concurrent_calls)
         if not service.frontend.can_clone:
-            log.warning("%s has no %s: zero-shot, cross-lingual, instruct2 and voice registration are off",
-                        model_dir, " / ".join(n for n, s in (("speech_tokenizer_v2.onnx", model.speech_tokenizer),
-                                                              ("campplus.onnx", model.campplus)) if s is None))
+            log.warning(
+                "%s has no %s: zero-shot, cross-lingual, instruct2 and voice registration are off",
+                model_dir,
+                " / ".join(
+                    n
+                    for n, s in (
+                        ("speech_tokenizer_v2.onnx", model.speech_tokenizer),
+                        ("campplus.onnx", model.campplus),
+                    )
+                    if s is None
+                ),
+            )
         return service
 
-    def setup_estimator(self, backend: str, *, data_dir: Path | None = None, contexts: int = 2,
-                        optimization_level: int | None = None) -> Any:
+    def setup_estimator(
+        self, backend: str, *, data_dir: Path | None = None, contexts: int = 2, optimization_level: int | None = None
+    ) -> Any:
         """Run the flow estimator on ``backend`` ('torch', 'trt-fp16', 'trt-fp32', 'auto'); TensorRT falls
         back to torch (logged once) without CUDA or TensorRT. Returns the :class:`trt.Setup`."""
         from .trt import setup_estimator
 
-        setup = setup_estimator(self.model.flow, backend, device=self.device, model_dir=self.model_dir,
-                                data_dir=data_dir, contexts=contexts, max_batch=self.token2wav_batch,
-                                optimization_level=optimization_level)
+        setup = setup_estimator(
+            self.model.flow,
+            backend,
+            device=self.device,
+            model_dir=self.model_dir,
+            data_dir=data_dir,
+            contexts=contexts,
+            max_batch=self.token2wav_batch,
+            optimization_level=optimization_level,
+        )
         return setup
 
     @property
@@ -142,13 +186,29 @@ class CosyVoice2Service:
 
     # -- voices -----------------------------------------------------------------------------------
 
-    def make_voice(self, voice_id: str, features: PromptFeatures, *, name: str | None = None, mode: Mode | None = None,
-                   instructions: str | None = None, source: str = "", description: str = "",
-                   language: str = LANGUAGE) -> CosyVoice2Voice:
-        info = VoiceInfo(id=voice_id, name=name or voice_id, language=language, sample_rate=self.sample_rate,
-                         model=MODEL_NAME, description=description)
-        return CosyVoice2Voice(self.runner, info, features.to(self.device), mode=mode, instructions=instructions,
-                               source=source)
+    def make_voice(
+        self,
+        voice_id: str,
+        features: PromptFeatures,
+        *,
+        name: str | None = None,
+        mode: Mode | None = None,
+        instructions: str | None = None,
+        source: str = "",
+        description: str = "",
+        language: str = LANGUAGE,
+    ) -> CosyVoice2Voice:
+        info = VoiceInfo(
+            id=voice_id,
+            name=name or voice_id,
+            language=language,
+            sample_rate=self.sample_rate,
+            model=MODEL_NAME,
+            description=description,
+        )
+        return CosyVoice2Voice(
+            self.runner, info, features.to(self.device), mode=mode, instructions=instructions, source=source
+        )
 
     def registered_voices(self) -> list[CosyVoice2Voice]:
         if self.store is None:
@@ -156,8 +216,16 @@ class CosyVoice2Service:
         voices = []
         for saved in self.store.load_all():
             try:
-                voices.append(self.make_voice(saved.voice_id, saved.features, name=saved.name, source="registered",
-                                              description=saved.description, language=saved.language))
+                voices.append(
+                    self.make_voice(
+                        saved.voice_id,
+                        saved.features,
+                        name=saved.name,
+                        source="registered",
+                        description=saved.description,
+                        language=saved.language,
+                    )
+                )
             except ValueError as error:
                 log.warning("skipping registered voice %r: %s", saved.voice_id, error)
         return voices
@@ -177,20 +245,33 @@ class CosyVoice2Service:
 
     def prompt_voice(self, features: PromptFeatures, mode: Mode, instructions: str | None = None) -> CosyVoice2Voice:
         """A one-off voice for a request that brings its own prompt (zero-shot, cross-lingual, instruct2)."""
-        return self.make_voice(f"{MODEL_NAME}-{mode.replace('_', '-')}", features, mode=mode,
-                               instructions=instructions, source="request",
-                               description=f"CosyVoice2 {mode} voice from a request's prompt")
+        return self.make_voice(
+            f"{MODEL_NAME}-{mode.replace('_', '-')}",
+            features,
+            mode=mode,
+            instructions=instructions,
+            source="request",
+            description=f"CosyVoice2 {mode} voice from a request's prompt",
+        )
 
-    def register(self, voice_id: str, features: PromptFeatures, *, name: str = "", language: str = LANGUAGE,
-                 description: str = "") -> CosyVoice2Voice:
+    def register(
+        self,
+        voice_id: str,
+        features: PromptFeatures,
+        *,
+        name: str = "",
+        language: str = LANGUAGE,
+        description: str = "",
+    ) -> CosyVoice2Voice:
         """Save a zero-shot voice in the voices directory and return it (the caller adds it to the registry)."""
         if self.store is None:
             raise RuntimeError("no directory for registered voices")
         if features.prompt_text_ids is None:
             raise ValueError("a registered voice needs the transcript of its prompt")
         description = description or f"CosyVoice2 zero-shot voice '{voice_id}'"
-        voice = self.make_voice(voice_id, features, name=name or voice_id, source="registered",
-                                description=description, language=language)
+        voice = self.make_voice(
+            voice_id, features, name=name or voice_id, source="registered", description=description, language=language
+        )
         self.store.save(SavedVoice(voice_id, voice.info.name, language, description, features))
         return voice
 

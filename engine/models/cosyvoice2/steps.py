@@ -3,8 +3,8 @@ runner, which runs them (neither imports the other's module for them).
 
 A segment's first ``lm`` step is a ``PrefillJob`` (the prompt through the backbone, then the first token); each
 later ``lm`` step a ``NextTokenJob``; a ``token2wav`` step a ``Token2WavJob``. Both LM jobs are of kind ``lm``:
-one backbone pass runs either (their batch keys keep prefills and next tokens in separate calls). Payloads carry their stream's own
-state and prompt, so steps of different voices of one model share a call.
+one backbone pass runs either (their batch keys keep prefills and next tokens in separate calls). Payloads carry
+their stream's own state and prompt, so steps of different voices of one model share a call.
 """
 
 from __future__ import annotations

@@ -82,8 +82,14 @@ class Token2Wav:
             raise ValueError("a stream appears twice in one call")
         plans = [s._plan() for s in streams]
         items = [
-            FlowItem(torch.tensor([tokens], dtype=torch.int32, device=s.prompt.tokens.device), s.prompt.tokens,
-                     s.prompt.feat, s.prompt.embedding, streaming=not finalize, finalize=finalize)
+            FlowItem(
+                torch.tensor([tokens], dtype=torch.int32, device=s.prompt.tokens.device),
+                s.prompt.tokens,
+                s.prompt.feat,
+                s.prompt.embedding,
+                streaming=not finalize,
+                finalize=finalize,
+            )
             for s, (tokens, finalize) in zip(streams, plans, strict=True)
         ]
         mels = self.flow.forward_batch(items)
@@ -99,8 +105,9 @@ class Token2Wav:
         for rows in groups.values():
             if len(rows) == 1:
                 (i,) = rows
-                vocoded[i] = self.hift(windows[i], cache_source=streams[i]._source_cache,
-                                       generator=streams[i].generator)
+                vocoded[i] = self.hift(
+                    windows[i], cache_source=streams[i]._source_cache, generator=streams[i].generator
+                )
                 continue
             caches = [streams[i]._source_cache for i in rows]
             speech, source = self.hift(
@@ -191,8 +198,9 @@ class Token2WavStream:
             chunks.append(self.step())
         return chunks
 
-    def _finish_chunk(self, mel: torch.Tensor, speech: torch.Tensor, source: torch.Tensor,
-                      finalize: bool) -> torch.Tensor:
+    def _finish_chunk(
+        self, mel: torch.Tensor, speech: torch.Tensor, source: torch.Tensor, finalize: bool
+    ) -> torch.Tensor:
         """Cross-fade the vocoded window ``mel`` -> ``speech``, keep the caches, advance the hop schedule."""
         eng = self.engine
         if self._speech_tail is not None:

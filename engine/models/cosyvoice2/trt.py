@@ -65,13 +65,26 @@ class MaskedEstimator(nn.Module):
         super().__init__()
         self.estimator = estimator
 
-    def forward(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
-                lengths: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        mu: torch.Tensor,
+        t: torch.Tensor,
+        spks: torch.Tensor,
+        cond: torch.Tensor,
+        lengths: torch.Tensor,
+        chunks: torch.Tensor,
+    ) -> torch.Tensor:
         return self.estimator.forward_masked(x, mu, t, spks, cond, lengths.long(), chunks.long())
 
 
-def example_inputs(estimator: CausalConditionalDecoder, batch: int = 2, frames: int = 120,
-                   device: torch.device | str = "cpu", seed: int = 0) -> tuple[torch.Tensor, ...]:
+def example_inputs(
+    estimator: CausalConditionalDecoder,
+    batch: int = 2,
+    frames: int = 120,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> tuple[torch.Tensor, ...]:
     """Inputs of the estimator's masked call: two halves as CFG makes them (the second unconditioned),
     the first row streaming in chunks, the others with full attention and shorter valid lengths."""
     g = torch.Generator().manual_seed(seed)
@@ -85,8 +98,9 @@ def example_inputs(estimator: CausalConditionalDecoder, batch: int = 2, frames: 
     mu[half:], spks[half:], cond[half:] = 0, 0, 0
     t = torch.full((batch,), 0.3)
     lengths = torch.tensor([frames - (i % 3) * (frames // 5) for i in range(batch)], dtype=torch.int32)
-    chunks = torch.tensor([estimator.cfg.static_chunk_size if i % 2 == 0 else 0 for i in range(batch)],
-                          dtype=torch.int32)
+    chunks = torch.tensor(
+        [estimator.cfg.static_chunk_size if i % 2 == 0 else 0 for i in range(batch)], dtype=torch.int32
+    )
     return tuple(v.to(device) for v in (x, mu, t, spks, cond, lengths, chunks))
 
 
@@ -107,13 +121,21 @@ def export_onnx(estimator: CausalConditionalDecoder, path: str | Path, opset: in
         # The TorchScript exporter: it needs no onnxscript, and the graph has no control flow.
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            module, args, str(path), dynamo=False, opset_version=opset, input_names=list(INPUT_NAMES),
-            output_names=[OUTPUT_NAME], dynamic_axes=dynamic, do_constant_folding=True,
+            module,
+            args,
+            str(path),
+            dynamo=False,
+            opset_version=opset,
+            input_names=list(INPUT_NAMES),
+            output_names=[OUTPUT_NAME],
+            dynamic_axes=dynamic,
+            do_constant_folding=True,
         )
     return path
 
 
 # -- availability, cache keys -----------------------------------------------------------------------
+
 
 def unavailable_reason(device: torch.device) -> str | None:
     """Why TensorRT cannot run here (None when it can)."""
@@ -190,6 +212,7 @@ def engine_file(directory: Path, gpu: str, trt_version: str, precision: str, pro
 
 # -- building -------------------------------------------------------------------------------------
 
+
 def build_engine(onnx_path: Path, precision: str, profile: Profile, optimization_level: int | None = None) -> bytes:
     """Serialized TensorRT engine for the exported estimator (``precision``: 'fp16' or 'fp32')."""
     import tensorrt as trt
@@ -216,8 +239,14 @@ def build_engine(onnx_path: Path, precision: str, profile: Profile, optimization
     mel = network.get_input(0).shape[1]
     for name in INPUT_NAMES:
         if name in ("x", "mu", "cond"):
-            dims = [(b, mel, t) for b, t in ((2, profile.min_frames), (2 * profile.opt_batch, profile.opt_frames),
-                                             (2 * profile.max_batch, profile.max_frames))]
+            dims = [
+                (b, mel, t)
+                for b, t in (
+                    (2, profile.min_frames),
+                    (2 * profile.opt_batch, profile.opt_frames),
+                    (2 * profile.max_batch, profile.max_frames),
+                )
+            ]
         elif name == "spks":
             dims = [(2, mel), (2 * profile.opt_batch, mel), (2 * profile.max_batch, mel)]
         else:
@@ -236,8 +265,14 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def load_or_build(estimator: CausalConditionalDecoder, directory: Path, precision: str, profile: Profile,
-                  device: torch.device, optimization_level: int | None = None) -> tuple[bytes, Path, bool]:
+def load_or_build(
+    estimator: CausalConditionalDecoder,
+    directory: Path,
+    precision: str,
+    profile: Profile,
+    device: torch.device,
+    optimization_level: int | None = None,
+) -> tuple[bytes, Path, bool]:
     """The engine for this GPU, TensorRT and precision: from the cache, or exported and built (and cached).
     Returns (engine bytes, its path, whether it was built now)."""
     import tensorrt as trt
@@ -260,12 +295,14 @@ def load_or_build(estimator: CausalConditionalDecoder, directory: Path, precisio
 
 # -- running --------------------------------------------------------------------------------------
 
+
 class TrtEstimator:
     """A TensorRT engine behind the :class:`~engine.models.cosyvoice2.estimator.Estimator` call, with a
     pool of execution contexts; shapes outside its profile run on ``fallback`` (torch)."""
 
-    def __init__(self, engine_bytes: bytes, precision: str, profile: Profile, device: torch.device,
-                 contexts: int, fallback: Any) -> None:
+    def __init__(
+        self, engine_bytes: bytes, precision: str, profile: Profile, device: torch.device, contexts: int, fallback: Any
+    ) -> None:
         import tensorrt as trt
 
         self.precision = precision
@@ -284,14 +321,26 @@ class TrtEstimator:
                 raise RuntimeError("TensorRT could not create an execution context (out of GPU memory?)")
             self._pool.put((context, None))
 
-    def __call__(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
-                 lengths: torch.Tensor, chunks: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        mu: torch.Tensor,
+        t: torch.Tensor,
+        spks: torch.Tensor,
+        cond: torch.Tensor,
+        lengths: torch.Tensor,
+        chunks: torch.Tensor,
+    ) -> torch.Tensor:
         if not self.profile.covers(x.shape[0], x.shape[2]):
             return self.fallback(x, mu, t, spks, cond, lengths, chunks)
         inputs = {
-            "x": x.float().contiguous(), "mu": mu.float().contiguous(), "t": t.float().contiguous(),
-            "spks": spks.float().contiguous(), "cond": cond.float().contiguous(),
-            "lengths": lengths.to(torch.int32).contiguous(), "chunks": chunks.to(torch.int32).contiguous(),
+            "x": x.float().contiguous(),
+            "mu": mu.float().contiguous(),
+            "t": t.float().contiguous(),
+            "spks": spks.float().contiguous(),
+            "cond": cond.float().contiguous(),
+            "lengths": lengths.to(torch.int32).contiguous(),
+            "chunks": chunks.to(torch.int32).contiguous(),
         }
         out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
         stream = torch.cuda.current_stream(x.device)
@@ -359,8 +408,17 @@ def _validate(engine: TrtEstimator, estimator: CausalConditionalDecoder, device:
     return snr_db(want, got)
 
 
-def setup_estimator(flow: Any, backend: str, *, device: torch.device, model_dir: Path, data_dir: Path | None,
-                    contexts: int, max_batch: int, optimization_level: int | None = None) -> Setup:
+def setup_estimator(
+    flow: Any,
+    backend: str,
+    *,
+    device: torch.device,
+    model_dir: Path,
+    data_dir: Path | None,
+    contexts: int,
+    max_batch: int,
+    optimization_level: int | None = None,
+) -> Setup:
     """Attach a TensorRT estimator to ``flow.decoder`` as ``backend`` asks ('torch', 'trt-fp16', 'trt-fp32',
     'auto'), or leave torch in place (logged once) when TensorRT or CUDA is missing or the build fails."""
     if backend not in BACKENDS:
@@ -391,12 +449,19 @@ def setup_estimator(flow: Any, backend: str, *, device: torch.device, model_dir:
         if precision == "fp16":
             snr = quality
             if quality != quality or quality < FP16_MIN_SNR_DB:  # NaN: non-finite output
-                _log_once(logging.WARNING, "TensorRT fp16 estimator output is %s against torch fp32; using fp32",
-                          "not finite" if quality != quality else f"only {quality:.1f} dB")
+                _log_once(
+                    logging.WARNING,
+                    "TensorRT fp16 estimator output is %s against torch fp32; using fp32",
+                    "not finite" if quality != quality else f"only {quality:.1f} dB",
+                )
                 continue
         cfm.accelerated = engine
         cfm.fp32_fallback = None if precision == "fp32" else fallback
-        log.info("CosyVoice2 flow estimator on TensorRT %s (%s)%s", precision, path.name,
-                 f", {quality:.1f} dB SNR against torch fp32" if precision == "fp16" else "")
+        log.info(
+            "CosyVoice2 flow estimator on TensorRT %s (%s)%s",
+            precision,
+            path.name,
+            f", {quality:.1f} dB SNR against torch fp32" if precision == "fp16" else "",
+        )
         return Setup(f"trt-{precision}", "", snr, path, built)
     return Setup("torch", "no usable TensorRT engine", snr)

@@ -70,11 +70,19 @@ class _Segment:
 
 # -- the voice ------------------------------------------------------------------------------------
 
+
 class CosyVoice2Voice(Voice):
     """One speaker of a loaded CosyVoice2 model, in one mode."""
 
-    def __init__(self, runner: CosyVoice2Runner, info: VoiceInfo, features: PromptFeatures,
-                 mode: Mode | None = None, instructions: str | None = None, source: str = "") -> None:
+    def __init__(
+        self,
+        runner: CosyVoice2Runner,
+        info: VoiceInfo,
+        features: PromptFeatures,
+        mode: Mode | None = None,
+        instructions: str | None = None,
+        source: str = "",
+    ) -> None:
         self.runner = runner
         self.info = info
         self.features = features

@@ -77,8 +77,11 @@ class VoiceStore:
             "language": voice.language,
             "description": voice.description,
             "prompt_text": features.prompt_text,
-            "prompt_text_ids": (features.prompt_text_ids if features.prompt_text_ids is not None
-                                else torch.zeros(1, 0, dtype=torch.int32)).cpu(),
+            "prompt_text_ids": (
+                features.prompt_text_ids
+                if features.prompt_text_ids is not None
+                else torch.zeros(1, 0, dtype=torch.int32)
+            ).cpu(),
             "speech_tokens": features.speech_tokens.cpu(),
             "speech_feat": features.speech_feat.cpu(),
             "embedding": features.embedding.cpu(),
@@ -132,8 +135,9 @@ class VoiceStore:
                     raise ValueError(f"holds voice {saved.voice_id!r}, not {path.stem!r}")
                 voices.append(saved)
             except Exception as error:  # one bad file must not stop the server, nor the other voices
-                log.error("skipping the registered voice file %s: it cannot be read (%s); delete or replace it",
-                          path, error)
+                log.error(
+                    "skipping the registered voice file %s: it cannot be read (%s); delete or replace it", path, error
+                )
         return voices
 
     def exists(self, voice_id: str) -> bool:

@@ -63,8 +63,11 @@ def phoneme_ids(sentences: Sequence[Sequence[str]], id_map: Mapping[str, Sequenc
 
 def is_sound(phoneme: str) -> bool:
     """A phoneme that takes time as speech: not a blank, a punctuation mark or a stress mark."""
-    return bool(phoneme) and phoneme not in STRESS and not all(
-        unicodedata.category(char)[0] in "PZ" or char.isspace() for char in phoneme)
+    return (
+        bool(phoneme)
+        and phoneme not in STRESS
+        and not all(unicodedata.category(char)[0] in "PZ" or char.isspace() for char in phoneme)
+    )
 
 
 def token_of_phonemes(phonemes: Sequence[str], tokens: Sequence[Sequence[str]]) -> list[int]:
@@ -82,7 +85,7 @@ def token_of_phonemes(phonemes: Sequence[str], tokens: Sequence[Sequence[str]]) 
     # The phoneme word (blank-separated) of each sound: a sound with no partner takes a neighbour's token from it.
     word_of: list[int] = []
     word = 0
-    for i, phoneme in enumerate(phonemes):
+    for phoneme in phonemes:
         if phoneme.isspace():
             word += 1
         word_of.append(word)
@@ -95,7 +98,7 @@ def token_of_phonemes(phonemes: Sequence[str], tokens: Sequence[Sequence[str]]) 
                     labels[b_start + offset] = token_index[a_start + offset]
     _fill(labels, [word_of[i] for i in positions])
     result = [-1] * len(phonemes)
-    for label, i in zip(labels, positions):
+    for label, i in zip(labels, positions, strict=True):
         result[i] = label
     return result
 

@@ -61,21 +61,24 @@ Map = Callable[[Callable[[tuple[int, int]], np.ndarray], Iterable[tuple[int, int
 """``map`` or a thread pool's: how the chunks of ``tiled`` are run (onnxruntime lets go of the GIL while it runs)."""
 
 
-def tiled(run: RunStage, frames: int, per_frame: int, chunk_frames: int, context: int,
-          map_chunks: Map = map) -> np.ndarray:
+def tiled(
+    run: RunStage, frames: int, per_frame: int, chunk_frames: int, context: int, map_chunks: Map = map
+) -> np.ndarray:
     """A stage's output for all ``frames`` of a sentence, made in chunks of ``chunk_frames`` that tile it, each run
     with ``context`` frames on both sides (fewer at the sentence's ends, as the plan does)."""
+
     def chunk(span: tuple[int, int]) -> np.ndarray:
         start, end = span
         lo, hi = max(0, start - context), min(frames, end + context)
-        return run(lo, hi)[..., (start - lo) * per_frame: (end - lo) * per_frame]
+        return run(lo, hi)[..., (start - lo) * per_frame : (end - lo) * per_frame]
 
     spans = [(start, min(frames, start + chunk_frames)) for start in range(0, frames, chunk_frames)]
     return np.concatenate(list(map_chunks(chunk, spans)), axis=-1)
 
 
-def least_context(streamed: Callable[[int], np.ndarray], whole: np.ndarray, bound: int,
-                  tolerance_db: float = TOLERANCE_DB) -> int:
+def least_context(
+    streamed: Callable[[int], np.ndarray], whole: np.ndarray, bound: int, tolerance_db: float = TOLERANCE_DB
+) -> int:
     """The least context (0..``bound``) at which ``streamed(context)``, a sentence made in chunks with that context,
     differs from ``whole``, its whole run, by ``tolerance_db`` below its mean power.
 

@@ -166,8 +166,9 @@ def split(model: onnx.ModelProto) -> PiperGraphs:
     decoder_inputs = external_inputs(decoder_nodes)
     graph_input_names = [i.name for i in graph.input]
     encoder_outputs = [
-        t for t in dict.fromkeys(flow_inputs + decoder_inputs) if t not in graph_input_names and t != prior_noise
-        and t != latent
+        t
+        for t in dict.fromkeys(flow_inputs + decoder_inputs)
+        if t not in graph_input_names and t != prior_noise and t != latent
     ]
 
     # The frame mask is the flow input of shape [B, 1, T]: the one that every
@@ -217,8 +218,9 @@ def split(model: onnx.ModelProto) -> PiperGraphs:
 def _durations(frame_mask: str, nodes: list[onnx.NodeProto], producer: dict[str, int], encoder_nodes: set[int]) -> str:
     """The rounded per-phoneme durations: the one ``Ceil`` the frame mask is computed from (VITS sums them into
     the frame count, ``y_lengths``, whose sequence mask is the frame mask)."""
-    ceilings = [i for i in _ancestors({frame_mask}, nodes, producer)
-                if nodes[i].op_type == "Ceil" and i in encoder_nodes]
+    ceilings = [
+        i for i in _ancestors({frame_mask}, nodes, producer) if nodes[i].op_type == "Ceil" and i in encoder_nodes
+    ]
     if len(ceilings) != 1:
         raise GraphSplitError(f"expected one Ceil (the phoneme durations) before the frame mask, found {len(ceilings)}")
     return nodes[ceilings[0]].output[0]
@@ -271,7 +273,9 @@ def noise_channels(model: onnx.ModelProto, noise_output: str) -> int:
     used = {t for i in members for t in nodes[i].input}
     inputs = [i for i in graph.input if i.name in used]
     probe = helper.make_graph(
-        [nodes[i] for i in sorted(members)], "probe", inputs,
+        [nodes[i] for i in sorted(members)],
+        "probe",
+        inputs,
         [helper.make_tensor_value_info(draw.input[0], onnx.TensorProto.FLOAT, None)],
         initializer=[t for t in graph.initializer if t.name in used],
     )

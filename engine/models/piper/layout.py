@@ -53,13 +53,21 @@ def two_dimensional(stage: Stage) -> Stage | None:
         flat_weights.add(weight.name)
         raised_weight = f"{weight.name}__2d"
         if raised_weight not in weights:
-            weights[raised_weight] = numpy_helper.from_array(numpy_helper.to_array(weight)[:, :, None, :],
-                                                              raised_weight)
+            weights[raised_weight] = numpy_helper.from_array(
+                numpy_helper.to_array(weight)[:, :, None, :], raised_weight
+            )
         raised_input, raised_output = f"{node.output[0]}__2d_input", f"{node.output[0]}__2d"
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         nodes.append(axis_op("Unsqueeze", node.input[0], raised_input))
-        nodes.append(helper.make_node(node.op_type, [raised_input, raised_weight, *node.input[2:]], [raised_output],
-                                      name=node.name, **_two_d(attributes)))
+        nodes.append(
+            helper.make_node(
+                node.op_type,
+                [raised_input, raised_weight, *node.input[2:]],
+                [raised_output],
+                name=node.name,
+                **_two_d(attributes),
+            )
+        )
         nodes.append(axis_op("Squeeze", raised_output, node.output[0]))
     if not flat_weights:
         return None
@@ -98,8 +106,12 @@ class Comparison:
     """Largest absolute difference between their outputs (infinite when their shapes differ)."""
 
 
-def compare(exported: onnxruntime.InferenceSession, two_d: onnxruntime.InferenceSession,
-            feeds: dict[str, np.ndarray], repeats: int) -> Comparison:
+def compare(
+    exported: onnxruntime.InferenceSession,
+    two_d: onnxruntime.InferenceSession,
+    feeds: dict[str, np.ndarray],
+    repeats: int,
+) -> Comparison:
     """Run both forms of a stage on ``feeds``, alternating so that a burst of other work slows both."""
     (expected,), (actual,) = exported.run(None, feeds), two_d.run(None, feeds)
     difference = float(np.abs(expected - actual).max()) if expected.shape == actual.shape else math.inf

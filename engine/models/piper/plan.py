@@ -20,7 +20,6 @@ from typing import TypeVar
 
 from rtvoice.engine.models.base import CostEstimate, StartCost, StepBudget, still_starting
 
-
 RAMP_GROWTH = 1.5
 """Chunks must be able to grow at least this much from the first one on, or a stream never gets ahead."""
 FIRST_CHUNK_SHARE_OF_ROUND = 0.5
@@ -147,8 +146,9 @@ class Planner:
         return DecodeChunk(max(0, p.decoded - self.g.decoder_context), self.latent_needed(p, end), p.decoded, end)
 
     def window(self, p: Progress, end: int) -> FlowWindow:
-        return FlowWindow(max(0, p.flowed - self.g.flow_context), min(p.frames, end + self.g.flow_context),
-                          p.flowed, end)
+        return FlowWindow(
+            max(0, p.flowed - self.g.flow_context), min(p.frames, end + self.g.flow_context), p.flowed, end
+        )
 
     def chunk_end(self, p: Progress, frames: int) -> int:
         """End of a chunk of ``frames``; a remainder under half of it joins it (when its latent is there)
@@ -274,16 +274,23 @@ class Planner:
                 room = p.flowed - g.overlap - g.decoder_context - p.decoded
             largest = max(least, min(g.max_chunk, room))
             steady = (g.max_chunk, self.chunk_size(g.max_chunk))
-            return _choose(lambda n: self.chunk(p, self.chunk_end(p, n)), least, largest, lambda chunk: 0.0, steady,
-                           budget)
+            return _choose(
+                lambda n: self.chunk(p, self.chunk_end(p, n)), least, largest, lambda chunk: 0.0, steady, budget
+            )
         window = self.window(p, smallest.hi)
         if first:
             return window  # first audio: just what the first chunk needs
         then = budget.cost("decode", smallest.size)
         steady = (g.max_window, self.window_size(g.max_window))
         largest = max(smallest.hi - p.flowed, min(g.max_window, p.frames - p.flowed))
-        chosen = _choose(lambda n: self.window(p, self.window_end(p, n)), smallest.hi - p.flowed, largest,
-                         lambda window: then, steady, budget)
+        chosen = _choose(
+            lambda n: self.window(p, self.window_end(p, n)),
+            smallest.hi - p.flowed,
+            largest,
+            lambda window: then,
+            steady,
+            budget,
+        )
         if not budget.dry and still_starting(budget.due_s, budget.load, g.max_chunk_s):
             # Still building its buffer: the latent of its next full-size chunks, not seconds more ahead of time, so
             # that its start (and with it the next newcomer's admission) is not held up by work that can wait. A stream
@@ -296,8 +303,14 @@ class Planner:
 Action = TypeVar("Action", FlowWindow, DecodeChunk)
 
 
-def _choose(build: Callable[[int], Action], low: int, high: int, then: Callable[[Action], float],
-            steady: tuple[int, int], budget: StepBudget) -> Action:
+def _choose(
+    build: Callable[[int], Action],
+    low: int,
+    high: int,
+    then: Callable[[Action], float],
+    steady: tuple[int, int],
+    budget: StepBudget,
+) -> Action:
     """The window or chunk of ``low``..``high`` frames that ``Planner.next`` describes.
 
     ``then``: seconds of the steps that must follow before audio; ``steady``: (frames, size) of the largest.

@@ -50,7 +50,6 @@ from rtvoice.engine.models.piper import alignment, context, graph, layout
 from rtvoice.engine.models.piper.plan import ChunkPlan, DecodeChunk, FlowWindow, Geometry, Planner, Progress
 from rtvoice.engine.text import spoken_tokens
 
-
 log = logging.getLogger(__name__)
 
 MEASURING_TEXT = "Warming up the voice, and measuring how long its speech is."
@@ -151,13 +150,14 @@ class PiperVoice(Voice):
         self,
         model_path: Path,
         voice_id: str | None = None,
-        plan: ChunkPlan = ChunkPlan(),
+        plan: ChunkPlan | None = None,
         intra_op_threads: int = 1,
         wide_threads: int = 1,
         measured_dir: Path | None = None,
     ) -> None:
         """``wide_threads``: the cores a call may use when the runner lends it every slot (``run_wide``);
         ``measured_dir``: where the context frames measured for these weights are kept (None: measured each time)."""
+        plan = plan or ChunkPlan()
         model_path = Path(model_path)
         config_path = Path(f"{model_path}.json")
         if not config_path.exists():
@@ -193,27 +193,39 @@ class PiperVoice(Voice):
         chunk_frames = plan.first_chunk_frames(frame_ms)
         # What the measured contexts follow from: the weights, the config (the phonemes), the measurement, and the
         # libraries that run it.
-        measure = {"weights_sha256": hashlib.sha256(model_bytes).hexdigest(),
-                   "config_sha256": hashlib.sha256(config_bytes).hexdigest(),
-                   "version": context.MEASURE_VERSION, "tolerance_db": context.TOLERANCE_DB,
-                   "chunk_frames": chunk_frames, "text": MEASURING_TEXT, "onnxruntime": onnxruntime.__version__,
-                   "piper_tts": importlib.metadata.version("piper-tts")}
+        measure = {
+            "weights_sha256": hashlib.sha256(model_bytes).hexdigest(),
+            "config_sha256": hashlib.sha256(config_bytes).hexdigest(),
+            "version": context.MEASURE_VERSION,
+            "tolerance_db": context.TOLERANCE_DB,
+            "chunk_frames": chunk_frames,
+            "text": MEASURING_TEXT,
+            "onnxruntime": onnxruntime.__version__,
+            "piper_tts": importlib.metadata.version("piper-tts"),
+        }
         del model_bytes
         self.flow_context, self.decoder_context = context.remembered(
-            measured_dir, measure, lambda: self._least_contexts(exported_decoder, chunk_frames, max(1, wide_threads)))
+            measured_dir, measure, lambda: self._least_contexts(exported_decoder, chunk_frames, max(1, wide_threads))
+        )
         self.geometry = Geometry.of(plan, frame_ms, self.flow_context, self.decoder_context)
         self.planner = Planner(self.geometry)
         self.decoder, decoder_model = self._fastest_decoder(exported_decoder, options, providers)
         self._sessions: dict[type[StepPayload], onnxruntime.InferenceSession] = {
-            EncodeJob: self.encoder, FlowJob: self.flow, DecodeJob: self.decoder}
+            EncodeJob: self.encoder,
+            FlowJob: self.flow,
+            DecodeJob: self.decoder,
+        }
         self._wide_sessions = self._faster_wide_sessions(
-            wide_threads, providers, {EncodeJob: self.graphs.encoder.model, FlowJob: self.graphs.flow.model,
-                                      DecodeJob: decoder_model})
+            wide_threads,
+            providers,
+            {EncodeJob: self.graphs.encoder.model, FlowJob: self.graphs.flow.model, DecodeJob: decoder_model},
+        )
         self.frames_per_char: float | None = None
         """Frames of speech per character of text, from the warm-up sentence (for the encoder's share of cost)."""
 
-    def _least_contexts(self, decoder: onnxruntime.InferenceSession, chunk_frames: int,
-                        threads: int) -> tuple[int, int]:
+    def _least_contexts(
+        self, decoder: onnxruntime.InferenceSession, chunk_frames: int, threads: int
+    ) -> tuple[int, int]:
         """Context frames of flow windows and decoder chunks: the least at which a sentence made in chunks of
         ``chunk_frames`` (the plan's smallest) sounds as its whole run does (``context.py``), at most the reach of
         the stage's convolutions (``graph.context_frames``). The flow's chunks are judged by the audio of the latent
@@ -227,6 +239,7 @@ class PiperVoice(Voice):
             def decoded(latent: np.ndarray) -> np.ndarray:
                 """The audio of a whole latent, in a piece per thread with the decoder's full reach as context (so
                 the pieces join as one run does)."""
+
                 def decode(lo: int, hi: int) -> np.ndarray:
                     (audio,) = decoder.run(None, {self.graphs.latent: latent[None, :, lo:hi]})
                     return audio.reshape(-1)
@@ -234,21 +247,43 @@ class PiperVoice(Voice):
                 return context.tiled(decode, frames, hop, -(-frames // threads), decoder_bound, pool.map)
 
             decoder_context = context.least_context(
-                lambda frames_around: context.tiled(stages.decode, frames, hop, chunk_frames, frames_around,
-                                                    pool.map), stages.audio, decoder_bound)
+                lambda frames_around: context.tiled(stages.decode, frames, hop, chunk_frames, frames_around, pool.map),
+                stages.audio,
+                decoder_bound,
+            )
             flow_context = context.least_context(
-                lambda frames_around: decoded(context.tiled(stages.flow, frames, 1, chunk_frames, frames_around,
-                                                            pool.map)), decoded(stages.latent), flow_bound)
-        log.info("voice %s: context frames: flow %d (the graph's reach: %d), decoder %d (%d)", self.info.id,
-                 flow_context, flow_bound, decoder_context, decoder_bound)
+                lambda frames_around: decoded(
+                    context.tiled(stages.flow, frames, 1, chunk_frames, frames_around, pool.map)
+                ),
+                decoded(stages.latent),
+                flow_bound,
+            )
+        log.info(
+            "voice %s: context frames: flow %d (the graph's reach: %d), decoder %d (%d)",
+            self.info.id,
+            flow_context,
+            flow_bound,
+            decoder_context,
+            decoder_bound,
+        )
         return flow_context, decoder_context
 
-    def sentence_stages(self, text: str, seed: int,
-                        decoder: onnxruntime.InferenceSession | None = None) -> SentenceStages:
+    def sentence_stages(
+        self, text: str, seed: int, decoder: onnxruntime.InferenceSession | None = None
+    ) -> SentenceStages:
         """``text`` encoded as one segment, its whole flow and decoder runs, and runs of each on any span of its
         frames (``decoder``: a session other than the voice's own)."""
-        (encoded,) = self._encode([EncodeJob(text, np.random.default_rng(seed), self.config.length_scale,
-                                             self.config.noise_scale, self.config.noise_w_scale)])
+        (encoded,) = self._encode(
+            [
+                EncodeJob(
+                    text,
+                    np.random.default_rng(seed),
+                    self.config.length_scale,
+                    self.config.noise_scale,
+                    self.config.noise_w_scale,
+                )
+            ]
+        )
         inputs = {name: value for name, value in encoded.frame_inputs.items() if name in self.graphs.flow.inputs}
         decoder = decoder or self.decoder
 
@@ -265,8 +300,9 @@ class PiperVoice(Voice):
 
         return SentenceStages(encoded.frames, flow, latent, decode, decode(0, encoded.frames))
 
-    def _fastest_decoder(self, exported: onnxruntime.InferenceSession, options: onnxruntime.SessionOptions,
-                         providers: list[str]) -> tuple[onnxruntime.InferenceSession, bytes]:
+    def _fastest_decoder(
+        self, exported: onnxruntime.InferenceSession, options: onnxruntime.SessionOptions, providers: list[str]
+    ) -> tuple[onnxruntime.InferenceSession, bytes]:
         """The decoder as exported, or with its convolutions run as 2-D ones (``layout.py``) when that gives the same
         audio and is faster here, timed on a chunk of the largest size the plan makes; with its model."""
         rewritten = layout.two_dimensional(self.graphs.decoder)
@@ -274,7 +310,8 @@ class PiperVoice(Voice):
         if rewritten is None or channels is None:
             return exported, self.graphs.decoder.model
         latent = np.random.default_rng(0).standard_normal(
-            (1, channels, self.planner.chunk_size(self.geometry.max_chunk)), dtype=np.float32)
+            (1, channels, self.planner.chunk_size(self.geometry.max_chunk)), dtype=np.float32
+        )
         feeds = {self.graphs.latent: latent}
         try:
             candidate = onnxruntime.InferenceSession(rewritten.model, options, providers=providers)
@@ -286,13 +323,19 @@ class PiperVoice(Voice):
             log.warning("voice %s: decoder as exported (2-D form differs)", self.info.id)
             return exported, self.graphs.decoder.model
         faster = comparison.two_d_s < comparison.exported_s
-        log.info("voice %s: decoder %s (a %d-frame chunk: %.1f ms in 2-D, %.1f ms as exported)", self.info.id,
-                 "2-D convolutions" if faster else "as exported", latent.shape[-1], comparison.two_d_s * 1e3,
-                 comparison.exported_s * 1e3)
+        log.info(
+            "voice %s: decoder %s (a %d-frame chunk: %.1f ms in 2-D, %.1f ms as exported)",
+            self.info.id,
+            "2-D convolutions" if faster else "as exported",
+            latent.shape[-1],
+            comparison.two_d_s * 1e3,
+            comparison.exported_s * 1e3,
+        )
         return (candidate, rewritten.model) if faster else (exported, self.graphs.decoder.model)
 
-    def _faster_wide_sessions(self, threads: int, providers: list[str], models: dict[type[StepPayload], bytes],
-                              repeats: int = 3) -> dict[type[StepPayload], onnxruntime.InferenceSession]:
+    def _faster_wide_sessions(
+        self, threads: int, providers: list[str], models: dict[type[StepPayload], bytes], repeats: int = 3
+    ) -> dict[type[StepPayload], onnxruntime.InferenceSession]:
         """Sessions on ``threads`` cores for the stages whose calls before a stream's first audio they make sooner
         than one core does, with the same results to the bit, timed here on the warm-up text's first calls (the
         scheduler lends every core to a lone stream's first calls: ``run_wide``)."""
@@ -311,15 +354,23 @@ class PiperVoice(Voice):
             result = run([_again(step.payload)], narrow)[0]
             narrow_s = wide_s = math.inf
             for _ in range(repeats):  # alternating, so that a burst of other work slows both
-                narrow_s = min(narrow_s, _seconds(lambda: run([_again(step.payload)], narrow)))
-                wide_s = min(wide_s, _seconds(lambda: run([_again(step.payload)], wide)))
+                narrow_s = min(narrow_s, _time_call(run, step.payload, narrow))
+                wide_s = min(wide_s, _time_call(run, step.payload, wide))
             same = _same(result, run([_again(step.payload)], wide)[0])
-            log.info("voice %s: a first %s call on %d cores: %.1f ms, on one: %.1f ms%s", self.info.id,
-                     step.kind, threads, wide_s * 1e3, narrow_s * 1e3, "" if same else " (results differ: not used)")
+            log.info(
+                "voice %s: a first %s call on %d cores: %.1f ms, on one: %.1f ms%s",
+                self.info.id,
+                step.kind,
+                threads,
+                wide_s * 1e3,
+                narrow_s * 1e3,
+                "" if same else " (results differ: not used)",
+            )
             if same and wide_s < narrow_s:
                 faster[stage] = wide
             audio = session.complete(step, result)
         return faster
+
     @property
     def cost_key(self) -> str:
         return self.info.id  # every Piper voice has weights of its own
@@ -374,13 +425,15 @@ class PiperVoice(Voice):
         traced = alignment.phoneme_ids(sentences, self.config.phoneme_id_map)
         return ids, (traced if traced.ids == ids else None)
 
-    def _token_timings(self, text: str, traced: alignment.PhonemeIds,
-                       durations: np.ndarray) -> tuple[SpokenTiming, ...]:
+    def _token_timings(
+        self, text: str, traced: alignment.PhonemeIds, durations: np.ndarray
+    ) -> tuple[SpokenTiming, ...]:
         def phonemize(token: str) -> list[str]:
             return [phoneme for sentence in self.phonemizer.phonemize(token) for phoneme in sentence]
 
-        return alignment.token_timings(text, spoken_tokens(text), traced, durations,
-                                       self.hop / self.info.sample_rate, phonemize)
+        return alignment.token_timings(
+            text, spoken_tokens(text), traced, durations, self.hop / self.info.sample_rate, phonemize
+        )
 
     # -- batched model calls --------------------------------------------------------------------
 
@@ -396,16 +449,18 @@ class PiperVoice(Voice):
     def _calls(self) -> dict[type[StepPayload], Callable[[Any, onnxruntime.InferenceSession], list[Any]]]:
         return {EncodeJob: self._encode, FlowJob: self._flow, DecodeJob: self._decode}
 
-    def _run(self, payloads: Sequence[StepPayload],
-             sessions: dict[type[StepPayload], onnxruntime.InferenceSession]) -> list[Any]:
+    def _run(
+        self, payloads: Sequence[StepPayload], sessions: dict[type[StepPayload], onnxruntime.InferenceSession]
+    ) -> list[Any]:
         stage = type(payloads[0])
         call = self._calls().get(stage)
         if call is None:
             raise ValueError(f"a Piper voice cannot run {stage.__name__}")
         return call(payloads, sessions[stage])
 
-    def _encode(self, jobs: Sequence[EncodeJob],
-                encoder: onnxruntime.InferenceSession | None = None) -> list[EncodedSegment]:
+    def _encode(
+        self, jobs: Sequence[EncodeJob], encoder: onnxruntime.InferenceSession | None = None
+    ) -> list[EncodedSegment]:
         phonemised = [self._phoneme_ids(job.text) for job in jobs]
         id_lists = [ids for ids, _ in phonemised]
         results: list[EncodedSegment | None] = [None] * len(jobs)
@@ -421,18 +476,18 @@ class PiperVoice(Voice):
                 job, n = jobs[i], len(id_lists[i])
                 ids[row, :n] = id_lists[i]
                 lengths[row] = n
-                for noise, channels in zip(noises, self.duration_noise_channels):
+                for noise, channels in zip(noises, self.duration_noise_channels, strict=True):
                     noise[row, :, :n] = job.rng.standard_normal((channels, n), dtype=np.float32) * job.noise_w
             # Noise is drawn (and scaled) per stream above, so the graph's own scales stay at one.
             feeds: dict[str, np.ndarray] = {
                 "input": ids,
                 "input_lengths": lengths,
                 "scales": np.array([1.0, jobs[live[0]].length_scale, 1.0], dtype=np.float32),
-                **dict(zip(self.graphs.duration_noise, noises)),
+                **dict(zip(self.graphs.duration_noise, noises, strict=True)),
             }
             if "sid" in self.graphs.encoder.inputs:
                 feeds["sid"] = np.full(len(live), self.config.default_speaker_id, dtype=np.int64)
-            outputs = dict(zip(self.graphs.encoder.outputs, (encoder or self.encoder).run(None, feeds)))
+            outputs = dict(zip(self.graphs.encoder.outputs, (encoder or self.encoder).run(None, feeds), strict=True))
             durations = outputs.pop(self.graphs.durations)
             mask = outputs[self.graphs.frame_mask]
             padded_frames = mask.shape[-1]
@@ -464,7 +519,7 @@ class PiperVoice(Voice):
             else:
                 feeds[name] = values[0]
         (latent,) = flow.run(None, feeds)
-        return [latent[row, :, job.keep_from: job.keep_from + job.keep_frames] for row, job in enumerate(jobs)]
+        return [latent[row, :, job.keep_from : job.keep_from + job.keep_frames] for row, job in enumerate(jobs)]
 
     def _decode(self, jobs: Sequence[DecodeJob], decoder: onnxruntime.InferenceSession) -> list[np.ndarray]:
         (audio,) = decoder.run(None, {self.graphs.latent: np.stack([job.latent for job in jobs])})
@@ -489,8 +544,12 @@ def _again(payload: StepPayload) -> StepPayload:
 def _same(a: Any, b: Any) -> bool:
     """Whether two results of a stage are equal to the bit."""
     if isinstance(a, EncodedSegment):
-        return (a.frames == b.frames and a.tokens == b.tokens and a.frame_inputs.keys() == b.frame_inputs.keys()
-                and all(np.array_equal(a.frame_inputs[name], b.frame_inputs[name]) for name in a.frame_inputs))
+        return (
+            a.frames == b.frames
+            and a.tokens == b.tokens
+            and a.frame_inputs.keys() == b.frame_inputs.keys()
+            and all(np.array_equal(a.frame_inputs[name], b.frame_inputs[name]) for name in a.frame_inputs)
+        )
     return bool(np.array_equal(a, b))
 
 
@@ -498,6 +557,11 @@ def _seconds(call: Callable[[], object]) -> float:
     start = time.perf_counter()
     call()
     return time.perf_counter() - start
+
+
+def _time_call(run: Callable[..., Any], payload: StepPayload, session: onnxruntime.InferenceSession) -> float:
+    """Seconds of one ``run`` of ``payload`` on ``session`` (run again with the same result)."""
+    return _seconds(lambda: run([_again(payload)], session))
 
 
 class PiperSession(VoiceSession):
@@ -527,8 +591,9 @@ class PiperSession(VoiceSession):
 
     def next_step(self) -> PiperStep | None:
         """The plan without a scheduler's budget: a small first chunk, then windows and chunks at their caps."""
-        unbounded = StepBudget(call_s=math.inf, due_s=None if self.owes_audio else math.inf,
-                               cost=lambda kind, size: 0.0)
+        unbounded = StepBudget(
+            call_s=math.inf, due_s=None if self.owes_audio else math.inf, cost=lambda kind, size: 0.0
+        )
         return self.plan_step(unbounded)
 
     def plan_step(self, budget: StepBudget) -> PiperStep | None:
@@ -547,23 +612,39 @@ class PiperSession(VoiceSession):
             )
             # Batch keys carry a size bucket: padding a short step to a long one's length would slow the short one.
             size_bucket = len(job.text) // 64
-            return Step((job.kind, v.info.id, self.length_scale, size_bucket), job, self, size=len(job.text),
-                        until_audio=((FlowJob.kind, v.planner.first_window_size()),
-                                     (DecodeJob.kind, v.planner.first_chunk_size())))
+            return Step(
+                (job.kind, v.info.id, self.length_scale, size_bucket),
+                job,
+                self,
+                size=len(job.text),
+                until_audio=(
+                    (FlowJob.kind, v.planner.first_window_size()),
+                    (DecodeJob.kind, v.planner.first_chunk_size()),
+                ),
+            )
         segment = self.current
         action = v.planner.next(segment.progress, budget)
         if isinstance(action, DecodeChunk):
-            latent = segment.latent[:, action.lo: action.hi]  # type: ignore[index]
-            return Step((DecodeJob.kind, v.info.id, action.size), DecodeJob(latent, action.lo, action.end), self,
-                        size=action.size)
+            latent = segment.latent[:, action.lo : action.hi]  # type: ignore[index]
+            return Step(
+                (DecodeJob.kind, v.info.id, action.size),
+                DecodeJob(latent, action.lo, action.end),
+                self,
+                size=action.size,
+            )
         inputs = {
-            name: (value[:, action.lo: action.hi] if value.ndim == 2 else value)
+            name: (value[:, action.lo : action.hi] if value.ndim == 2 else value)
             for name, value in segment.frame_inputs.items()
         }
         job = FlowJob(inputs=inputs, keep_from=action.start - action.lo, keep_frames=action.end - action.start)
         then = v.planner.chunk(segment.progress, v.planner.chunk_end(segment.progress, v.geometry.first_chunk))
-        return Step((job.kind, v.info.id, action.size // 32), job, self, size=action.size,
-                    until_audio=((DecodeJob.kind, then.size),))
+        return Step(
+            (job.kind, v.info.id, action.size // 32),
+            job,
+            self,
+            size=action.size,
+            until_audio=((DecodeJob.kind, then.size),),
+        )
 
     def remaining_audio_s(self) -> float | None:
         v = self.voice
@@ -597,18 +678,18 @@ class PiperSession(VoiceSession):
         segment = self.current
         assert segment is not None
         if isinstance(payload, FlowJob):
-            segment.latent[:, segment.flowed: segment.flowed + payload.keep_frames] = result  # type: ignore[index]
+            segment.latent[:, segment.flowed : segment.flowed + payload.keep_frames] = result  # type: ignore[index]
             segment.flowed += payload.keep_frames
             return None
         hop = self.voice.hop
         start, end = payload.start, payload.end
-        audio = result[(segment.decoded - start) * hop:]
+        audio = result[(segment.decoded - start) * hop :]
         body = audio[: (end - segment.decoded) * hop].copy()
         if segment.tail is not None and len(segment.tail):
             overlap = min(len(segment.tail), len(body))
             body[:overlap] = hamming_crossfade(segment.tail[:overlap], body[:overlap])
         tail_from = (end - segment.decoded) * hop
-        segment.tail = audio[tail_from: tail_from + self.voice.geometry.overlap * hop]
+        segment.tail = audio[tail_from : tail_from + self.voice.geometry.overlap * hop]
         segment.decoded = end
         self.owes_audio = False
         if end >= segment.frames:
