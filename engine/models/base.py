@@ -28,6 +28,25 @@ class VoiceInfo:
     sample_rate: int
     model: str
     description: str = ""
+    source: str = "builtin"
+    """Where the voice comes from: ``builtin`` (loaded at start), ``registered`` (made from a recording and kept;
+    deletable) or ``request`` (a one-off voice from a request's own prompt)."""
+    prompt_text: str | None = None
+    """What is said in the recording a registered voice was made from."""
+    length_scale: float | None = None
+    """The phoneme length the voice speaks with at speed 1, for voices whose model has one (Piper); protocols that
+    speak in length scales convert with ``speed_for_length_scale``."""
+    follows_instructions: bool = False
+    """Whether ``SynthesisOptions.instructions`` change how it speaks (CosyVoice2's instruct2)."""
+    cross_lingual: bool = False
+    """Whether it speaks text of any language in its own voice (CosyVoice2)."""
+    can_clone: bool = False
+    """Whether its model makes new voices from a prompt recording (CosyVoice2 with its prompt front end)."""
+
+    def speed_for_length_scale(self, length_scale: float) -> float:
+        """The speed at which this voice speaks with phoneme length ``length_scale``; a voice without a native
+        length scale takes 1 as its own."""
+        return (self.length_scale or 1.0) / length_scale
 
 
 MIN_SPEED = 0.25

@@ -205,6 +205,11 @@ class CosyVoice2Service:
             sample_rate=self.sample_rate,
             model=MODEL_NAME,
             description=description,
+            source=source or "builtin",
+            prompt_text=features.prompt_text if source == "registered" else None,
+            follows_instructions=True,
+            cross_lingual=True,
+            can_clone=self.frontend.can_clone,
         )
         return CosyVoice2Voice(
             self.runner, info, features.to(self.device), mode=mode, instructions=instructions, source=source

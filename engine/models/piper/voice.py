@@ -174,6 +174,7 @@ class PiperVoice(Voice):
             sample_rate=self.config.sample_rate,
             model="piper",
             description=f"Piper voice {name} ({config_dict.get('audio', {}).get('quality', 'unknown')} quality)",
+            length_scale=float(self.config.length_scale or 1.0),
         )
         self.hop = self.config.hop_length
         # piper-tts's own phonemiser (espeak-ng and friends); its ONNX session is ours, not its.
