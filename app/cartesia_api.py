@@ -38,7 +38,7 @@ import bisect
 import logging
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -51,7 +51,7 @@ from rtvoice.app.fields import Speed
 from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.request_context import track_stream
 from rtvoice.app.state import engine_of
-from rtvoice.app.streaming import SpeechResponse, audio_body
+from rtvoice.app.streaming import SpeechResponse, audio_body, stream_headers
 from rtvoice.app.websocket.io import (
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL_ERROR,
@@ -64,7 +64,8 @@ from rtvoice.app.websocket.io import (
 from rtvoice.engine.audio.encoding import Encoder, PcmEncoder, PcmF32Encoder, WavEncoder, create_encoder
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, InvalidRequest, Overloaded
-from rtvoice.engine.models.base import SynthesisOptions, Voice
+from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.request import FieldNames, SynthesisRequest
 from rtvoice.engine.stream import AudioChunk, SegmentDone, SpeechStream, StreamState, WordTiming
 
 log = logging.getLogger(__name__)
@@ -134,40 +135,35 @@ class GenerationRequest(SpeechRequest):
     max_buffer_delay_ms: int | None = Field(None, ge=0, le=5000)
 
 
-@dataclass(frozen=True)
-class Synthesis:
-    """What a request's voice, format and generation config resolve to."""
-
-    voice: Voice
-    sample_rate: int
-    options: SynthesisOptions
-    output_format: OutputFormat
+NAMES = FieldNames(
+    text="transcript", voice="voice.id", sample_rate="output_format.sample_rate", speed="generation_config.speed"
+)
+"""Cartesia's names for the request's fields."""
 
 
-def resolve_voice(engine: Engine, voice: VoiceSpecifier) -> Voice:
-    """An rtvoice voice by id or alias; Cartesia's own voice ids, which no rtvoice voice has, speak with the
-    default voice, so a client switched from Cartesia keeps working. Any other unknown name is an error."""
-    if voice.mode != "id":
+def synthesis_request(request: SpeechRequest, text: str | None) -> SynthesisRequest:
+    """The engine request of a Cartesia request. Cartesia's own voice ids (UUIDs), which no rtvoice voice has,
+    speak with the default voice, so a client switched from Cartesia keeps working; any other unknown name is an
+    error."""
+    if request.voice.mode != "id":
         raise InvalidRequest(
             "voice embeddings are not supported; give a voice by id (voice.mode 'id')",
             code="unsupported_voice_mode",
             param="voice.mode",
         )
-    name = voice.id
-    if name and name not in engine.voices and CARTESIA_VOICE_ID.match(name):
-        name = None
-    return engine.resolve_voice(name, param="voice.id")
+    voice = request.voice.id
+    return SynthesisRequest(
+        text=text,
+        voice=voice,
+        options=SynthesisOptions(speed=request.generation_config.speed or 1.0, seed=request.seed),
+        sample_rate=request.output_format.sample_rate,
+        unknown_voice_is_default=bool(voice and CARTESIA_VOICE_ID.match(voice)),
+        names=NAMES,
+    )
 
 
-def resolve(engine: Engine, request: SpeechRequest) -> Synthesis:
-    voice = resolve_voice(engine, request.voice)
-    engine.check_sample_rate(request.output_format.sample_rate, "output_format.sample_rate")
-    options = SynthesisOptions(speed=request.generation_config.speed or 1.0, seed=request.seed)
-    engine.check_options(voice.validate, options, "generation_config.speed")
-    return Synthesis(voice, request.output_format.sample_rate or voice.info.sample_rate, options, request.output_format)
-
-
-def create_cartesia_encoder(fmt: OutputFormat, sample_rate: int, containers: Sequence[str]) -> Encoder:
+def cartesia_encoder(fmt: OutputFormat, containers: Sequence[str]) -> Callable[[int], Encoder]:
+    """How to encode ``fmt`` at a rate, once the format is known to be served (InvalidRequest otherwise)."""
     if fmt.container not in containers:
         raise InvalidRequest(
             f"container {fmt.container!r} is not served here; use {', '.join(containers)}",
@@ -175,7 +171,7 @@ def create_cartesia_encoder(fmt: OutputFormat, sample_rate: int, containers: Seq
             param="output_format.container",
         )
     if fmt.container == "mp3":
-        return create_encoder("mp3", sample_rate)
+        return lambda sample_rate: create_encoder("mp3", sample_rate)
     encodings = ["pcm_s16le"] if fmt.container == "wav" else list(RAW_ENCODERS)
     if fmt.encoding not in encodings:
         raise InvalidRequest(
@@ -184,8 +180,9 @@ def create_cartesia_encoder(fmt: OutputFormat, sample_rate: int, containers: Seq
             param="output_format.encoding",
         )
     if fmt.container == "wav":
-        return WavEncoder(sample_rate)
-    return RAW_ENCODERS[fmt.encoding]()
+        return WavEncoder
+    raw = RAW_ENCODERS[fmt.encoding]
+    return lambda sample_rate: raw()
 
 
 # -- server messages -------------------------------------------------------------------------------
@@ -384,25 +381,17 @@ class Connection:
             context.input_closed = True
 
     def _open(self, context_id: str, request: GenerationRequest) -> Context:
-        synthesis = resolve(self.engine, request)
-        encoder = create_cartesia_encoder(synthesis.output_format, synthesis.sample_rate, ("raw",))
-        stream = self.engine.open_stream(synthesis.voice, synthesis.options, synthesis.sample_rate)
+        speech = synthesis_request(request, None)
+        encoder = cartesia_encoder(request.output_format, ("raw",))
+        stream = self.engine.open_stream(speech)
         track_stream(stream)
         delay_ms = DEFAULT_BUFFER_DELAY_MS if request.max_buffer_delay_ms is None else request.max_buffer_delay_ms
-        context = Context(context_id, stream, encoder, request.add_timestamps, delay_ms / 1000)
+        context = Context(context_id, stream, encoder(stream.sample_rate), request.add_timestamps, delay_ms / 1000)
         self.contexts[context_id] = context
         context.sender = asyncio.create_task(ContextSender(self, context).run(), name="rtvoice-cartesia-sender")
         return context
 
     def _add_text(self, context: Context, text: str) -> None:
-        limit = self.engine.settings.max_text_chars
-        if len(context.transcript) + len(text) > limit:
-            raise InvalidRequest(
-                f"context {context.id!r} would have {len(context.transcript) + len(text)} characters; "
-                f"the limit is {limit}",
-                code="input_too_long",
-                param="transcript",
-            )
         segments_before = len(context.stream.segments)
         context.stream.push_text(text)
         context.transcripts_at.append(len(context.transcript))
@@ -556,13 +545,7 @@ async def tts_websocket(websocket: WebSocket) -> None:
 async def tts_bytes(request: Request) -> Response:
     """Cartesia's bytes endpoint: ``transcript`` spoken in ``output_format`` (raw, wav or mp3), streamed."""
     speech = await parse_json_body(request, SpeechRequest)
-    engine = engine_of(request)
-    engine.check_text(speech.transcript, "transcript")
-    synthesis = resolve(engine, speech)
-    encoder = create_cartesia_encoder(synthesis.output_format, synthesis.sample_rate, ("raw", "wav", "mp3"))
-    stream = engine.open_stream(synthesis.voice, synthesis.options, synthesis.sample_rate, text=speech.transcript)
-    return SpeechResponse(
-        audio_body(stream, encoder),
-        media_type=encoder.content_type,
-        headers={"X-Sample-Rate": str(synthesis.sample_rate), "X-Voice": synthesis.voice.info.id},
-    )
+    encoder = cartesia_encoder(speech.output_format, ("raw", "wav", "mp3"))
+    stream = engine_of(request).open_stream(synthesis_request(speech, speech.transcript))
+    encoded = encoder(stream.sample_rate)
+    return SpeechResponse(audio_body(stream, encoded), media_type=encoded.content_type, headers=stream_headers(stream))

@@ -8,8 +8,8 @@ import logging
 import os
 import sys
 import tempfile
+from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -22,6 +22,7 @@ from rtvoice.engine.audio.encoding import FORMATS, AudioFormat, wav_header
 from rtvoice.engine.audio.resample import SUPPORTED_SAMPLE_RATES
 from rtvoice.engine.errors import EngineError
 from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.request import SynthesisRequest
 
 log = logging.getLogger("rtvoice.cli")
 
@@ -80,23 +81,13 @@ def serve(args: argparse.Namespace) -> None:
     overrides = {field: getattr(args, field) for field, _ in SERVE_OPTIONS.values() if getattr(args, field) is not None}
     settings = _settings(**overrides)
     logs.configure(settings.log_level)
-    if settings.cosyvoice_dir is not None:
-        from rtvoice.engine.models.cosyvoice2.files import CosyVoiceDirError, check_model_dir
-        from rtvoice.engine.voices import COSYVOICE_INSTALL_HINT
+    from rtvoice.engine.voices import VoiceLoadError, check_cosyvoice_setup
 
-        try:  # fail now, not after the server is up and /readyz waits forever
-            check_model_dir(settings.cosyvoice_dir)
-        except CosyVoiceDirError as error:
-            print(f"rtvoice: {error}", file=sys.stderr)
-            sys.exit(2)
-        missing = [name for name in ("torch", "transformers", "kaldi_native_fbank") if find_spec(name) is None]
-        if missing:
-            print(
-                f"rtvoice: RTVOICE_COSYVOICE_DIR is set but {', '.join(missing)} is not installed; install with: "
-                f"{COSYVOICE_INSTALL_HINT}",
-                file=sys.stderr,
-            )
-            sys.exit(2)
+    try:  # fail now, not after the server is up and /readyz waits forever
+        check_cosyvoice_setup(settings)
+    except VoiceLoadError as error:
+        print(f"rtvoice: {error}", file=sys.stderr)
+        sys.exit(2)
     if settings.grpc_port is not None:
         from rtvoice.app.cosyvoice_grpc import require_grpc
 
@@ -149,10 +140,12 @@ async def say_to_file(
     engine = Engine(_settings(warmup=False))
     await engine.start()
     try:
-        engine.check_text(text, "text")
-        voice = engine.resolve_voice(voice_name)
-        rate = sample_rate or output_rate(fmt, voice.info.sample_rate)
-        stream = engine.open_stream(voice, SynthesisOptions(speed=speed, seed=seed), rate, text=text)
+        request = SynthesisRequest(
+            text=text, voice=voice_name, options=SynthesisOptions(speed=speed, seed=seed), sample_rate=sample_rate
+        )
+        voice = engine.validate(request)
+        rate = sample_rate or output_rate(fmt, voice.sample_rate)
+        stream = engine.open_stream(replace(request, sample_rate=rate))
         # Written beside the output and renamed at the end: a failure leaves no half-written file.
         handle, partial = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
         try:
@@ -172,7 +165,7 @@ async def say_to_file(
             raise
     finally:
         await engine.stop()
-    print(f"wrote {output}: {fmt.name}, {stream.emitted_s:.2f} s at {rate} Hz, voice {voice.info.id}")
+    print(f"wrote {output}: {fmt.name}, {stream.emitted_s:.2f} s at {rate} Hz, voice {voice.id}")
 
 
 def say(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -14,7 +14,6 @@ samples its clients expect. The sample rate is also in ``X-Sample-Rate``.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Request
@@ -25,12 +24,13 @@ from starlette.datastructures import UploadFile
 from rtvoice.app.errors import HttpError, invalid_value
 from rtvoice.app.fields import Speed
 from rtvoice.app.state import engine_of
-from rtvoice.app.streaming import SpeechResponse, audio_body
+from rtvoice.app.streaming import SpeechResponse, audio_body, stream_headers
+from rtvoice.app.voice_fields import voice_fields
 from rtvoice.engine.audio.encoding import FORMATS, create_encoder
-from rtvoice.engine.engine import Engine
-from rtvoice.engine.errors import InvalidRequest, ModelNotLoaded
-from rtvoice.engine.models.base import SynthesisOptions, Voice, VoiceInfo
-from rtvoice.engine.models.cosyvoice2 import info as cosyvoice2
+from rtvoice.engine.errors import InvalidRequest
+from rtvoice.engine.models.base import SynthesisOptions, VoiceInfo
+from rtvoice.engine.request import FieldNames, PromptMode, SynthesisRequest, VoicePrompt
+from rtvoice.engine.stream import SpeechStream
 
 router = APIRouter(tags=["CosyVoice"])
 
@@ -156,31 +156,25 @@ _AUDIO_RESPONSES = {200: {"content": {FORMATS["wav"].content_type: {}, FORMATS["
 async def inference_sft(request: Request) -> Response:
     """Speak ``tts_text`` with voice ``spk_id``, streaming as it is made."""
     form, _ = await parse_form(request, SftForm)
-    engine = engine_of(request)
-    engine.check_text(form.tts_text, "tts_text")
-    voice = resolve_speaker(engine, form.spk_id)
-    engine.check_sample_rate(form.sample_rate)
-    rate = form.sample_rate or voice.info.sample_rate
-    stream = engine.open_stream(voice, SynthesisOptions(speed=form.speed, seed=form.seed), rate, text=form.tts_text)
-    encoder = create_encoder(form.format, rate)
-    return SpeechResponse(
-        audio_body(stream, encoder),
-        media_type=encoder.content_type,
-        headers={"X-Sample-Rate": str(rate), "X-Voice": voice.info.id},
+    stream = engine_of(request).open_stream(
+        SynthesisRequest(
+            text=form.tts_text,
+            voice=form.spk_id,
+            options=SynthesisOptions(speed=form.speed, seed=form.seed),
+            sample_rate=form.sample_rate,
+            names=SFT_NAMES,
+        )
     )
+    return _audio_response(stream, form.format)
 
 
-def resolve_speaker(engine: Engine, spk_id: str | None, param: str = "spk_id") -> Voice:
-    """A voice by id or alias; a name CosyVoice's clients know from ``spk2info.pt`` (``中文女``) finds the voice
-    rtvoice serves it as (``cosyvoice2-中文女``)."""
-    if spk_id and spk_id not in engine.voices and f"{cosyvoice2.SPEAKER_PREFIX}{spk_id}" in engine.voices:
-        spk_id = f"{cosyvoice2.SPEAKER_PREFIX}{spk_id}"
-    return engine.resolve_voice(spk_id, param=param)
+SFT_NAMES = FieldNames(text="tts_text", voice="spk_id")
+"""CosyVoice's names for the fields (its HTTP and gRPC APIs share them)."""
 
 
-def takes_instructions(info: VoiceInfo) -> bool:
-    """True for voices that follow an instruction (CosyVoice2's instruct2); Piper voices ignore instructions."""
-    return info.model == cosyvoice2.MODEL_NAME
+def _audio_response(stream: SpeechStream, fmt: str) -> Response:
+    encoder = create_encoder(fmt, stream.sample_rate)
+    return SpeechResponse(audio_body(stream, encoder), media_type=encoder.content_type, headers=stream_headers(stream))
 
 
 # -- CosyVoice2 with a prompt recording -------------------------------------------------------------
@@ -192,9 +186,7 @@ class PromptForm(BaseModel):
     tts_text: str = Field(description="The text to speak.")
     format: Literal["wav", "pcm"] = Field("wav", description="wav: streaming WAV; pcm: raw int16 samples.")
     sample_rate: int | None = Field(None, description="Output rate; 24000 (the model's own) when omitted.")
-    speed: float = Field(
-        cosyvoice2.STREAMING_SPEED, description=f"CosyVoice2 streams at {cosyvoice2.STREAMING_SPEED} only."
-    )
+    speed: float = Field(1.0, description="CosyVoice2 streams at 1.0 only.")
     seed: int | None = Field(None, description="Makes sampling and the vocoder's noise reproducible.")
 
 
@@ -215,75 +207,32 @@ def _prompt_doc(form: type[BaseModel], *, get: bool) -> dict[str, Any]:
     return _form_doc(form, get=get, files=("prompt_wav",), content_types=("multipart/form-data",))
 
 
-def cloning_service(engine: Engine) -> Any:
-    service = engine.cosyvoice
-    if not service.frontend.can_clone:
-        raise ModelNotLoaded(
-            f"the CosyVoice2 directory {service.model_dir} lacks speech_tokenizer_v2.onnx or campplus.onnx: "
-            "prompt recordings cannot be used",
-            code="frontend_not_loaded",
-        )
-    return service
-
-
-async def _upload(files: dict[str, UploadFile], name: str = "prompt_wav") -> bytes:
+async def read_upload(files: dict[str, UploadFile], limit: int, name: str = "prompt_wav") -> bytes:
+    """An uploaded file's bytes, one over ``limit`` at most (enough to refuse it); InvalidRequest when missing."""
     upload = files.get(name)
     if upload is None:
         raise InvalidRequest(
             f"'{name}' is required: upload the prompt recording as a file", code="missing_file", param=name
         )
-    from rtvoice.engine.models.cosyvoice2.frontend import MAX_UPLOAD_BYTES
-
-    return await upload.read(MAX_UPLOAD_BYTES + 1)  # one byte over the limit is enough to refuse it
+    return await upload.read(limit + 1)
 
 
-async def _prompt_route(request: Request, model: type[PromptForm], mode: str) -> Response:
+async def _prompt_route(request: Request, model: type[PromptForm], mode: PromptMode) -> Response:
     form, files = await parse_form(request, model)
     engine = engine_of(request)
-    cloning_service(engine)  # 503 before anything is read when this server cannot use recordings
-    engine.check_text(form.tts_text, "tts_text")
-    instructions = None
-    if isinstance(form, ZeroShotForm):
-        engine.check_text(form.prompt_text, "prompt_text")
-    if isinstance(form, Instruct2Form):
-        engine.check_text(form.instruct_text, "instruct_text")
-        instructions = form.instruct_text
-    engine.check_sample_rate(form.sample_rate)
-    engine.check_options(cosyvoice2.validate, SynthesisOptions(speed=form.speed))
-    data = await _upload(files)
-    prompt_text = form.prompt_text if isinstance(form, ZeroShotForm) else ""
-    voice = await prompt_voice(engine, data, mode, prompt_text, instructions)
-    return _stream_response(engine, voice, form)
-
-
-async def prompt_voice(
-    engine: Engine,
-    data: bytes,
-    mode: str,
-    prompt_text: str = "",
-    instructions: str | None = None,
-    param: str = "prompt_wav",
-) -> Voice:
-    """A one-off CosyVoice2 voice from a prompt recording (any audio file PyAV decodes): its features are
-    extracted off the event loop (decoding, the speech tokenizer and CAM++ take tens to hundreds of ms)."""
-    service = cloning_service(engine)
-
-    def features() -> Any:
-        return service.prompt_features(service.prompt_audio(data, param), prompt_text)
-
-    prompt = await asyncio.get_running_loop().run_in_executor(None, features)
-    return service.prompt_voice(prompt, mode, instructions)
-
-
-def _stream_response(engine: Engine, voice: Voice, form: PromptForm) -> Response:
-    rate = form.sample_rate or voice.info.sample_rate
-    stream = engine.open_stream(voice, SynthesisOptions(seed=form.seed), rate, text=form.tts_text)
-    encoder = create_encoder(form.format, rate)
-    return SpeechResponse(
-        audio_body(stream, encoder),
-        media_type=encoder.content_type,
-        headers={"X-Sample-Rate": str(rate), "X-Voice": voice.info.id},
+    instructions = form.instruct_text if isinstance(form, Instruct2Form) else None
+    speech = SynthesisRequest(
+        text=form.tts_text,
+        options=SynthesisOptions(speed=form.speed, seed=form.seed, instructions=instructions),
+        sample_rate=form.sample_rate,
+        prompt=VoicePrompt(mode, text=form.prompt_text if isinstance(form, ZeroShotForm) else ""),
+        names=PROMPT_NAMES,
     )
+    stream = await engine.open_prompt_stream(speech, lambda: read_upload(files, engine.max_recording_bytes))
+    return _audio_response(stream, form.format)
+
+
+PROMPT_NAMES = FieldNames(text="tts_text", instructions="instruct_text", prompt_audio="prompt_wav")
 
 
 @router.get(
@@ -356,21 +305,6 @@ class RegisterForm(BaseModel):
     description: str = ""
 
 
-def _voice_json(voice: Voice) -> dict[str, Any]:
-    body: dict[str, Any] = dict(voice.info.__dict__)
-    features = getattr(voice, "features", None)
-    if getattr(voice, "source", "") == "registered" and features is not None:
-        body["prompt_text"] = features.prompt_text
-    return body
-
-
-def _check_voice_id_free(engine: Engine, voice_id: str) -> None:
-    """409 when ``voice_id`` names a voice: checked before the recording is read, and again after each wait,
-    since another request may register the same id meanwhile."""
-    if voice_id in engine.voices:
-        raise HttpError(f"voice {voice_id!r} exists", code="voice_exists", param="voice_id", status=409)
-
-
 @router.post(
     "/v1/voices",
     status_code=201,
@@ -382,79 +316,41 @@ async def register_voice(request: Request) -> Response:
     """Register a CosyVoice2 zero-shot voice from a recording and its transcript; kept across restarts."""
     form, files = await parse_form(request, RegisterForm)
     engine = engine_of(request)
-    service = cloning_service(engine)
-    from rtvoice.engine.models.cosyvoice2.voice_store import valid_voice_id  # torch: only with a model loaded
-
-    if not valid_voice_id(form.voice_id):
-        raise InvalidRequest(
-            "'voice_id' may hold letters, digits, '_', '.' and '-' (at most 64, starting with a letter or digit)",
-            code="invalid_voice_id",
-            param="voice_id",
-        )
-    _check_voice_id_free(engine, form.voice_id)
-    engine.check_text(form.prompt_text, "prompt_text")
-    data = await _upload(files)
-    loop = asyncio.get_running_loop()
-    prompt = await loop.run_in_executor(
-        None, lambda: service.prompt_features(service.prompt_audio(data), form.prompt_text)
+    info = await engine.register_voice(
+        form.voice_id,
+        lambda: read_upload(files, engine.max_recording_bytes),
+        form.prompt_text,
+        name=form.name or "",
+        language=form.language,
+        description=form.description,
     )
-    _check_voice_id_free(engine, form.voice_id)  # registered by another request meanwhile?
-    try:
-        voice = await loop.run_in_executor(
-            None,
-            lambda: service.register(
-                form.voice_id, prompt, name=form.name or "", language=form.language, description=form.description
-            ),
-        )
-    except OSError as error:
-        raise HttpError(
-            f"could not save the voice: {error}", code="voice_not_saved", status=500, type="server_error"
-        ) from error
-    _check_voice_id_free(engine, form.voice_id)
-    engine.voices.add(voice)
-    return JSONResponse(_voice_json(voice), status_code=201, headers={"Location": f"/v1/voices/{voice.info.id}"})
+    return JSONResponse(voice_fields(info), status_code=201, headers={"Location": f"/v1/voices/{info.id}"})
 
 
 @router.get("/v1/voices", tags=["Voices"])
 async def list_voices(request: Request) -> JSONResponse:
     """Every voice (as /voices)."""
-    engine = engine_of(request)
-    return JSONResponse({"voices": [_voice_json(engine.voices.resolve(voice_id)) for voice_id in engine.voices.ids()]})
+    return JSONResponse({"voices": [voice_fields(info) for info in engine_of(request).voice_infos()]})
 
 
-def voice_of(request: Request, voice_id: str) -> Voice:
+def voice_of(request: Request, voice_id: str) -> VoiceInfo:
     """The voice named in the path (a dependency); 404 when there is none."""
-    voice = engine_of(request).voices.get(voice_id)
-    if voice is None:
+    info = engine_of(request).find_voice(voice_id)
+    if info is None:
         raise HttpError(f"no voice {voice_id!r}", code="voice_not_found", param="voice_id", status=404)
-    return voice
+    return info
 
 
-PathVoice = Annotated[Voice, Depends(voice_of)]
+PathVoice = Annotated[VoiceInfo, Depends(voice_of)]
 
 
 @router.get("/v1/voices/{voice_id}", tags=["Voices"])
 async def get_voice(voice: PathVoice) -> JSONResponse:
-    return JSONResponse(_voice_json(voice))
+    return JSONResponse(voice_fields(voice))
 
 
 @router.delete("/v1/voices/{voice_id}", status_code=204, tags=["Voices"])
-async def delete_voice(request: Request, voice_id: str, voice: PathVoice) -> Response:
+async def delete_voice(request: Request, voice: PathVoice) -> Response:
     """Delete a registered voice (streams already speaking with it finish)."""
-    engine = engine_of(request)
-    service = engine.cosyvoice
-    if getattr(voice, "source", "") != "registered":
-        raise HttpError(
-            f"voice {voice_id!r} is not a registered voice and cannot be deleted",
-            code="voice_not_deletable",
-            param="voice_id",
-            status=409,
-        )
-    try:
-        engine.voices.remove(voice_id)
-    except ValueError as error:
-        raise HttpError(
-            f"{error}; change the server's settings first", code="voice_in_use", param="voice_id", status=409
-        ) from error
-    await asyncio.get_running_loop().run_in_executor(None, service.unregister, voice_id)
+    await engine_of(request).delete_voice(voice.id)
     return Response(status_code=204)

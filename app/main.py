@@ -30,11 +30,6 @@ log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 
 
-def engine_busy(engine: Engine) -> bool:
-    """Streams admitted and not finished (what a drain waits for)."""
-    return bool(engine.scheduler.active or engine.scheduler.waiting)
-
-
 def base_url(host: str, port: int) -> str:
     """The URL a person on this machine opens: loopback when the server listens on every interface."""
     if host in ("0.0.0.0", "::", ""):
@@ -56,8 +51,8 @@ async def _start_engine(engine: Engine, settings: Settings) -> None:
         everywhere,
         url,
         url,
-        engine.voices.default_id,
-        len(engine.voices.ids()),
+        engine.default_voice_id,
+        len(engine.voice_infos()),
     )
 
 
@@ -132,7 +127,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     )
     whep.install(app)  # WHEP routes and endpoint; after CORS, so its preflight headers wrap CORS's answer
     app.add_middleware(RequestContext, metrics=request_metrics)
-    drain.busy.append(lambda: engine.ready and engine_busy(engine))
+    drain.busy.append(lambda: engine.ready and engine.busy())
     drain.busy.append(lambda: whep.speaking(app))
     drain.finishers.append(lambda: whep.shutdown(app, notify=True))
     if WEB_DIR.is_dir():

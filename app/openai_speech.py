@@ -12,9 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rtvoice.app.fields import Speed
 from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.state import engine_of
-from rtvoice.app.streaming import SpeechResponse, audio_body, sse_body
+from rtvoice.app.streaming import SpeechResponse, audio_body, sse_body, stream_headers
+from rtvoice.app.voice_fields import voice_fields
 from rtvoice.engine.audio.encoding import FORMATS, create_encoder
 from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.request import FieldNames, SynthesisRequest
 from rtvoice.engine.stream import SpeechStream
 
 router = APIRouter(tags=["OpenAI"])
@@ -73,26 +75,26 @@ def _usage(text: str) -> Any:
 async def create_speech(request: Request) -> Response:
     """Speak ``input``; the audio streams as it is made (``stream_format=sse`` for JSON events)."""
     speech = await parse_json_body(request, SpeechRequest)
-    engine = engine_of(request)
-    engine.check_text(speech.input, "input")
-    voice = engine.resolve_voice(speech.voice)
-    stream = engine.open_stream(
-        voice,
-        SynthesisOptions(speed=speech.speed, seed=speech.seed, instructions=speech.instructions),
-        OPENAI_SAMPLE_RATE,
-        text=speech.input,
+    options = SynthesisOptions(speed=speech.speed, seed=speech.seed, instructions=speech.instructions)
+    stream = engine_of(request).open_stream(
+        SynthesisRequest(
+            text=speech.input,
+            voice=speech.voice,
+            options=options,
+            sample_rate=OPENAI_SAMPLE_RATE,
+            names=FieldNames(text="input"),
+        )
     )
     encoder = create_encoder(speech.response_format, OPENAI_SAMPLE_RATE)
     # X-Request-ID, which OpenAI's clients surface (LiveKit's plugin warns without it), comes from
     # app/request_context.py, on every response.
-    headers = {"X-Sample-Rate": str(OPENAI_SAMPLE_RATE), "X-Voice": voice.info.id}
     if speech.stream_format == "sse":
         return SpeechResponse(
             sse_body(stream, encoder, _usage(speech.input)),
             media_type="text/event-stream",
-            headers={**headers, "Cache-Control": "no-cache"},
+            headers={**stream_headers(stream), "Cache-Control": "no-cache"},
         )
-    return SpeechResponse(audio_body(stream, encoder), media_type=encoder.content_type, headers=headers)
+    return SpeechResponse(audio_body(stream, encoder), media_type=encoder.content_type, headers=stream_headers(stream))
 
 
 @router.get("/v1/audio/voices")
@@ -101,7 +103,7 @@ async def list_voices(request: Request) -> JSONResponse:
     engine = engine_of(request)
     return JSONResponse(
         {
-            "voices": [info.__dict__ for info in engine.voice_infos()],
-            "aliases": engine.voices.aliases,
+            "voices": [voice_fields(info) for info in engine.voice_infos()],
+            "aliases": engine.voice_aliases(),
         }
     )

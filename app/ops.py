@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rtvoice.app.state import engine_of
+from rtvoice.app.voice_fields import voice_fields
 
 router = APIRouter(tags=["Operations"])
 
@@ -29,7 +30,7 @@ async def readyz(request: Request) -> JSONResponse:
         return JSONResponse({"status": "draining"}, status_code=503)
     if not engine.ready:
         return JSONResponse({"status": "loading"}, status_code=503)
-    return JSONResponse({"status": "ready", "voices": engine.voices.ids()})
+    return JSONResponse({"status": "ready", "voices": [info.id for info in engine.voice_infos()]})
 
 
 @router.get("/metrics")
@@ -40,7 +41,7 @@ async def metrics(request: Request) -> Response:
 @router.get("/voices")
 async def voices(request: Request) -> list[dict[str, object]]:
     """Every voice: id (usable as ``voice`` or ``spk_id``), language, sample rate, model."""
-    return [info.__dict__ for info in engine_of(request).voice_infos()]
+    return [voice_fields(info) for info in engine_of(request).voice_infos()]
 
 
 @router.get("/debug/process", include_in_schema=False)
@@ -55,8 +56,8 @@ async def process(request: Request) -> dict[str, object]:
         "loop_tasks": len(asyncio.all_tasks()),
         "requests_in_flight": drain.requests_in_flight,
         "websockets": len(drain.sockets.sockets),
-        "engine_active_streams": len(engine.scheduler.active),
-        "engine_queued_streams": len(engine.scheduler.waiting),
+        "engine_active_streams": engine.stream_counts().active,
+        "engine_queued_streams": engine.stream_counts().queued,
         "draining": drain.draining,
     }
 

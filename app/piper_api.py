@@ -27,10 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from rtvoice.app.fields import MAX_SPEED, MIN_SPEED
 from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.state import engine_of
-from rtvoice.app.streaming import SpeechResponse, audio_body
+from rtvoice.app.streaming import SpeechResponse, audio_body, stream_headers
 from rtvoice.engine.audio.encoding import WavEncoder
 from rtvoice.engine.errors import InvalidRequest
-from rtvoice.engine.models.base import SynthesisOptions, Voice
+from rtvoice.engine.models.base import SynthesisOptions, VoiceInfo
+from rtvoice.engine.request import SynthesisRequest
 
 log = logging.getLogger(__name__)
 
@@ -50,20 +51,17 @@ class SynthesizeRequest(BaseModel):
     seed: int | None = Field(None, description="rtvoice extension: makes the voice's random draws reproducible.")
 
 
-def voice_length_scale(voice: Voice) -> float:
-    """The length scale a voice speaks with at speed 1 (a Piper voice's config; 1 for other models)."""
-    config = getattr(voice, "config", None)
-    return float(getattr(config, "length_scale", 1.0) or 1.0)
-
-
-def speed_for(voice: Voice, length_scale: float | None) -> float:
+def speed_for(voice: VoiceInfo, length_scale: float | None) -> float:
+    """The speed at which ``voice`` speaks with Piper's ``length_scale``; InvalidRequest outside the speeds every
+    voice takes, said in length scales."""
     if length_scale is None:
         return 1.0
-    speed = voice_length_scale(voice) / length_scale
+    speed = voice.speed_for_length_scale(length_scale)
     if not MIN_SPEED <= speed <= MAX_SPEED:
-        low, high = voice_length_scale(voice) / MAX_SPEED, voice_length_scale(voice) / MIN_SPEED
+        own = voice.length_scale or 1.0
+        low, high = own / MAX_SPEED, own / MIN_SPEED
         raise InvalidRequest(
-            f"length_scale {length_scale} is outside what voice {voice.info.id!r} can do ({low:.3g} to {high:.3g})",
+            f"length_scale {length_scale} is outside what voice {voice.id!r} can do ({low:.3g} to {high:.3g})",
             code="invalid_value",
             param="length_scale",
         )
@@ -85,16 +83,10 @@ async def synthesize(request: Request) -> Response:
     """Speak ``text`` as a streaming WAV (Piper's HTTP API)."""
     piper = await parse_json_body(request, SynthesizeRequest)
     engine = engine_of(request)
-    text = piper.text.strip()
-    engine.check_text(text, "text")
-    if piper.voice and piper.voice not in engine.voices:
-        log.warning("voice %r not found; using the default voice (as Piper's server does)", piper.voice)
-    voice = engine.resolve_voice(piper.voice if piper.voice in engine.voices else None)
+    # As in Piper's server, a voice that is not there speaks with the default voice.
+    voice = engine.voice_info(piper.voice, unknown_is_default=True)
     options = SynthesisOptions(speed=speed_for(voice, piper.length_scale), seed=piper.seed)
-    rate = voice.info.sample_rate
-    stream = engine.open_stream(voice, options, rate, text=text)
+    stream = engine.open_stream(SynthesisRequest(text=piper.text.strip(), voice=voice.id, options=options))
     return SpeechResponse(
-        audio_body(stream, WavEncoder(rate)),
-        media_type="audio/wav",
-        headers={"X-Sample-Rate": str(rate), "X-Voice": voice.info.id},
+        audio_body(stream, WavEncoder(stream.sample_rate)), media_type="audio/wav", headers=stream_headers(stream)
     )

@@ -28,6 +28,12 @@ from rtvoice.engine.stream import AudioChunk, SpeechStream, WordTiming
 
 log = logging.getLogger(__name__)
 
+
+def stream_headers(stream: SpeechStream) -> dict[str, str]:
+    """The headers every speech response carries: the stream's output rate and the voice that speaks."""
+    return {"X-Sample-Rate": str(stream.sample_rate), "X-Voice": stream.voice.info.id}
+
+
 WORD_EVENT = "speech.word"
 """The SSE extension event for a word's timing: a type outside OpenAI's ``speech.audio.*``."""
 

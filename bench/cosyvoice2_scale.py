@@ -46,6 +46,7 @@ except ImportError:  # pragma: no cover - the cosyvoice extra is needed
     sys.exit("bench.cosyvoice2_scale needs torch and transformers (pip install -e '.[cosyvoice]')")
 
 from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.request import SynthesisRequest
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_FIXTURE = REPO.parent / "shared" / "fixtures" / "cosyvoice2-tiny"
@@ -466,7 +467,7 @@ async def run_level(service: Any, voice: Any, n: int, batched: bool, runner_thre
     try:
         async def one(seed: int) -> tuple[float, float, int]:
             start = time.perf_counter()
-            stream = engine.open_stream(voice, SynthesisOptions(seed=seed), text=TEXT)
+            stream = engine.open_stream(SynthesisRequest(text=TEXT, voice=voice.info.id, options=SynthesisOptions(seed=seed)))
             first = None
             samples = 0
             async for pcm in stream.audio():

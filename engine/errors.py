@@ -48,3 +48,11 @@ class ModelNotLoaded(EngineError):
 
 class StreamFailed(EngineError):
     """A model call failed while the stream was being synthesised (the server's fault, not the request's)."""
+
+
+class Conflict(EngineError):
+    """The request clashes with what the server holds (a voice id taken, a voice that may not be deleted)."""
+
+
+class StorageFailed(EngineError):
+    """The server could not keep what the request asked it to keep (a registered voice's file)."""

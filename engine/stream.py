@@ -17,14 +17,23 @@ from enum import Enum
 
 import numpy as np
 
-from rtvoice.engine.errors import StreamFailed
+from rtvoice.engine.errors import InvalidRequest, StreamFailed
 from rtvoice.engine.models.base import Step, Voice, VoiceSession
 from rtvoice.engine.output import AudioChunk, AudioOutput, SegmentDone
 from rtvoice.engine.playback import PlaybackClock, Played
-from rtvoice.engine.text import Segment, Segmenter
+from rtvoice.engine.text import Segment, Segmenter, is_speakable
 from rtvoice.engine.words import WordClock, WordTiming
 
-__all__ = ["AudioChunk", "Delivered", "SegmentDone", "SpeechStream", "StreamState", "StreamStats", "WordTiming"]
+__all__ = [
+    "AudioChunk",
+    "Delivered",
+    "SegmentDone",
+    "SpeechStream",
+    "StreamState",
+    "StreamStats",
+    "TextLimit",
+    "WordTiming",
+]
 
 _ids = itertools.count(1)
 
@@ -48,6 +57,14 @@ class Delivered:
     """The playback clock's account of the audio; None when the step made none."""
 
 
+@dataclass(frozen=True)
+class TextLimit:
+    """How much text one stream may be given in all, and the protocol's name for its text (for the error)."""
+
+    max_chars: int
+    param: str = "text"
+
+
 class StreamState(Enum):
     OPEN = "open"
     DONE = "done"
@@ -67,9 +84,10 @@ class SpeechStream:
         clock: Callable[[], float] = time.monotonic,
         on_end: Callable[[SpeechStream], None] = lambda stream: None,
         trim_leading_silence: bool = False,
+        text_limit: TextLimit | None = None,
     ) -> None:
         """``wake`` is called when the stream has new work or room; ``on_end`` once, when it ends (any way);
-        ``trim_leading_silence``: see ``AudioOutput``."""
+        ``trim_leading_silence``: see ``AudioOutput``; ``text_limit``: what ``push_text`` holds all its text to."""
         self.id = next(_ids)
         self.voice = voice
         self.session = session
@@ -79,6 +97,9 @@ class SpeechStream:
         self.segments: list[str] = []
         self.compute_s = 0.0
         self.error: Exception | None = None
+        self.text = ""
+        """All the text pushed so far."""
+        self._text_limit = text_limit
         self._segmenter = segmenter
         self._wake = wake
         self._on_end = on_end
@@ -92,7 +113,23 @@ class SpeechStream:
     # -- input (transports) -------------------------------------------------------------------------
 
     def push_text(self, fragment: str) -> None:
+        """More text; InvalidRequest (``input_too_long``) when it would take the stream past its text limit, and
+        the fragment is dropped (what came before it is kept)."""
+        limit = self._text_limit
+        if limit is not None and len(self.text) + len(fragment) > limit.max_chars:
+            raise InvalidRequest(
+                f"the text would have {len(self.text) + len(fragment)} characters; the limit is {limit.max_chars} "
+                "(this piece was dropped; what came before it is kept)",
+                code="input_too_long",
+                param=limit.param,
+            )
+        self.text += fragment
         self._add(self._segmenter.push(fragment))
+
+    @property
+    def speakable(self) -> bool:
+        """Whether the text so far has anything to speak (letters or digits)."""
+        return is_speakable(self.text)
 
     def flush(self) -> None:
         self._add(self._segmenter.flush())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,25 @@ def piper_voice_paths(settings: EngineSettings) -> list[Path]:
 
 class VoiceLoadError(RuntimeError):
     """A voice file or model directory that cannot be loaded; the message names it and why."""
+
+
+def check_cosyvoice_setup(settings: EngineSettings) -> None:
+    """VoiceLoadError when ``cosyvoice_dir`` is set but cannot load: a directory that lacks what a model needs, or
+    CosyVoice2's packages missing (checked without importing torch, so a server can refuse to start at once)."""
+    if settings.cosyvoice_dir is None:
+        return
+    from rtvoice.engine.models.cosyvoice2.files import CosyVoiceDirError, check_model_dir
+
+    try:
+        check_model_dir(settings.cosyvoice_dir)
+    except CosyVoiceDirError as error:
+        raise VoiceLoadError(str(error)) from error
+    missing = [name for name in ("torch", "transformers", "kaldi_native_fbank") if find_spec(name) is None]
+    if missing:
+        raise VoiceLoadError(
+            f"RTVOICE_COSYVOICE_DIR is set but {', '.join(missing)} is not installed; install with: "
+            f"{COSYVOICE_INSTALL_HINT}"
+        )
 
 
 class VoiceRegistry:

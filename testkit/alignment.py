@@ -12,6 +12,7 @@ import numpy as np
 
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.request import SynthesisRequest
 from rtvoice.engine.stream import AudioChunk, WordTiming
 
 ALIGNER_RATE = 16_000
@@ -74,7 +75,7 @@ async def speak(
 ) -> tuple[np.ndarray, list[WordTiming]]:
     """The engine's audio and word timings for ``text``."""
     stream = engine.open_stream(
-        engine.resolve_voice(None), SynthesisOptions(seed=seed, speed=speed), sample_rate, text=text
+        SynthesisRequest(text=text, options=SynthesisOptions(seed=seed, speed=speed), sample_rate=sample_rate)
     )
     chunks: list[np.ndarray] = []
     words: list[WordTiming] = []

@@ -13,6 +13,7 @@ from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.voices import VoiceRegistry, embedded_voice_path
+from rtvoice.engine.request import SynthesisRequest
 
 EMBEDDED_VOICE_RATE: int = json.loads(Path(f"{embedded_voice_path()}.json").read_text())["audio"]["sample_rate"]
 """The embedded voice's own rate, from its config: what routes answer at unless asked for another."""
@@ -39,8 +40,8 @@ def synthesize(text: str, seed: int, sample_rate: int | None = None, voice: str 
         engine = reference_engine()
         await engine.start()
         try:
-            stream = engine.open_stream(engine.resolve_voice(voice), SynthesisOptions(speed=speed, seed=seed),
-                                        sample_rate, text=text)
+            stream = engine.open_stream(SynthesisRequest(text=text, voice=voice, sample_rate=sample_rate,
+                                                         options=SynthesisOptions(speed=speed, seed=seed)))
             chunks = [pcm async for pcm in stream.audio()]
         finally:
             await engine.stop()

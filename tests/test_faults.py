@@ -34,6 +34,7 @@ from rtvoice.engine.models.piper.voice import PiperVoice
 from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import SpeechStream
 from rtvoice.engine.voices import VoiceRegistry
+from rtvoice.engine.request import SynthesisRequest
 from tests.audio import parse_wav, same_speech, snr_db
 from tests.conftest import Server
 from tests.fake_voice import FakeVoice, SimulatedRunner, Simulation
@@ -267,8 +268,8 @@ def test_an_abandoned_call_frees_its_slot_at_once_and_its_late_result_is_dropped
                                  model_call_deadline_factor=8), voices=VoiceRegistry([voice]))
         await engine.start()
         try:
-            hung = engine.open_stream(voice, text=hang.late)
-            clean = engine.open_stream(voice, SynthesisOptions(seed=7), text=CLEAN)
+            hung = engine.open_stream(SynthesisRequest(text=hang.late, voice=voice.info.id))
+            clean = engine.open_stream(SynthesisRequest(text=CLEAN, voice=voice.info.id, options=SynthesisOptions(seed=7)))
 
             async def fails() -> tuple[StreamFailed, bool]:
                 """The failure, and whether a call of the stream still held a slot when it came."""
@@ -289,9 +290,9 @@ def test_an_abandoned_call_frees_its_slot_at_once_and_its_late_result_is_dropped
             assert await asyncio.to_thread(wait_for, lambda: engine.runner.abandoned_threads == 0)
             assert hung.emitted_s == spoken_s and hung.error is not None
 
-            want = await speak(engine.open_stream(voice, SynthesisOptions(seed=7), text=CLEAN))
+            want = await speak(engine.open_stream(SynthesisRequest(text=CLEAN, voice=voice.info.id, options=SynthesisOptions(seed=7))))
             assert same_speech(whole, want), snr_db(want, whole)
-            again = [engine.open_stream(voice, SynthesisOptions(seed=7), text=CLEAN) for _ in range(SLOTS)]
+            again = [engine.open_stream(SynthesisRequest(text=CLEAN, voice=voice.info.id, options=SynthesisOptions(seed=7))) for _ in range(SLOTS)]
             for got in await asyncio.gather(*(speak(stream) for stream in again)):
                 assert same_speech(got, want), snr_db(want, got)
         finally:

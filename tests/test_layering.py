@@ -125,6 +125,49 @@ def test_the_engine_does_not_import_the_transports() -> None:
     assert not wrong, wrong
 
 
+# -- the engine's facade ---------------------------------------------------------------------------------------
+
+ENGINE_INTERNALS = ("rtvoice.engine.scheduler", "rtvoice.engine.admission", "rtvoice.engine.core",
+                    "rtvoice.engine.runner", "rtvoice.engine.policy", "rtvoice.engine.cost",
+                    "rtvoice.engine.cloning", "rtvoice.engine.models.piper", "rtvoice.engine.models.cosyvoice2")
+"""What only the engine itself uses: the scheduler and its parts, the runner, the model packages."""
+CHECKS_BEFORE_A_STREAM = {"check_text", "resolve_voice", "check_sample_rate", "check_options", "scheduler"}
+"""What transports once called or read themselves before opening a stream; ``Engine.open_stream`` checks a request."""
+
+
+def test_transports_use_only_the_engine_facade() -> None:
+    graph = import_graph()
+    wrong = sorted(f"{name} imports {target}" for name, targets in graph.items() if name.startswith("rtvoice.app")
+                   for target in targets if target.startswith(ENGINE_INTERNALS))
+    assert not wrong, wrong
+
+
+def engine_attributes_read(path: Path) -> set[str]:
+    """Attributes read off anything named ``engine`` (``engine.x``, ``self.engine.x``) in a file."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute):
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id == "engine") or (
+                    isinstance(owner, ast.Attribute) and owner.attr == "engine"):
+                names.add(node.attr)
+    return names
+
+
+def test_the_attribute_reader_sees_reads_off_the_engine(tmp_path: Path) -> None:
+    source = tmp_path / "example.py"
+    source.write_text("engine.open_stream(r)\nself.engine._voices.get(x)\nother.scheduler\n")
+    assert engine_attributes_read(source) == {"open_stream", "_voices"}
+
+
+def test_transports_leave_requests_to_the_engine() -> None:
+    """No transport checks text, voices, rates or options itself, nor reads the engine's scheduler or privates."""
+    wrong = sorted(f"{path.relative_to(REPO)} reads engine.{attribute}" for path in (REPO / "app").rglob("*.py")
+                   for attribute in engine_attributes_read(path)
+                   if attribute in CHECKS_BEFORE_A_STREAM or attribute.startswith("_"))
+    assert not wrong, wrong
+
+
 # -- tests, benchmarks and what they share ------------------------------------------------------------------
 
 SHARED_BY_TESTS_AND_BENCH = "testkit"

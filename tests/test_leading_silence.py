@@ -10,6 +10,7 @@ from rtvoice.engine.audio.pcm import leading_silence
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.output import MAX_TRIMMED_S, ONSET_LEAD_S, SILENCE_THRESHOLD
 from rtvoice.engine.stream import AudioChunk, WordTiming
+from rtvoice.engine.request import SynthesisRequest
 from tests.engine_output import reference_engine
 
 TEXT = "Hello! How can I help you today?"
@@ -28,8 +29,8 @@ def _synthesize(trim: bool) -> tuple[np.ndarray, list[WordTiming]]:
         engine = reference_engine()
         await engine.start()
         try:
-            stream = engine.open_stream(engine.resolve_voice(None), SynthesisOptions(seed=7), RATE, text=TEXT,
-                                        trim_leading_silence=trim)
+            stream = engine.open_stream(SynthesisRequest(text=TEXT, options=SynthesisOptions(seed=7), sample_rate=RATE,
+                                                         trim_leading_silence=trim))
             events = [event async for event in stream.events()]
         finally:
             await engine.stop()

@@ -28,6 +28,7 @@ from rtvoice.engine.runner import BatchOutput
 from rtvoice.engine.scheduler import Batch, Limits, Need, Scheduler, schedulable
 from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import SpeechStream
+from rtvoice.engine.request import SynthesisRequest
 from tests.audio import same_speech, snr_db
 from tests.conftest import Server
 from tests.fake_voice import Costs, FakeDecode, FakeVoice, Simulation
@@ -537,17 +538,17 @@ def test_batching_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
         engine = reference_engine()
         await engine.start()
         try:
-            voice = engine.resolve_voice(None)
+            voice = engine.voice_info(None)
 
             async def speak(stream: SpeechStream) -> np.ndarray:
                 return np.concatenate([pcm async for pcm in stream.audio()])
 
             if together:
-                streams = [engine.open_stream(voice, SynthesisOptions(seed=100 + i), text=t)
+                streams = [engine.open_stream(SynthesisRequest(text=t, voice=voice.id, options=SynthesisOptions(seed=100 + i)))
                            for i, t in enumerate(texts)]
                 pcm = list(await asyncio.gather(*(speak(stream) for stream in streams)))
             else:
-                pcm = [await speak(engine.open_stream(voice, SynthesisOptions(seed=100 + i), text=t))
+                pcm = [await speak(engine.open_stream(SynthesisRequest(text=t, voice=voice.id, options=SynthesisOptions(seed=100 + i))))
                        for i, t in enumerate(texts)]
             return pcm, max(len(d.stream_ids) for d in engine.scheduler.decisions)
         finally:
@@ -571,8 +572,8 @@ def test_first_calls_on_every_core_change_nothing() -> None:
         engine = Engine(EngineSettings(idle_cores_for_first_audio=lend, runner_threads=2))
         await engine.start()
         try:
-            voice = engine.resolve_voice(None)
-            stream = engine.open_stream(voice, SynthesisOptions(seed=7), text=text)
+            voice = engine.voices.resolve(None)
+            stream = engine.open_stream(SynthesisRequest(text=text, voice=voice.info.id, options=SynthesisOptions(seed=7)))
             pcm = np.concatenate([pcm async for pcm in stream.audio()])
             counts = {kind: engine.metrics.wide_calls.labels(kind)._value.get()
                       for kind in ("encode", "flow", "decode")}

@@ -16,6 +16,7 @@ from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import AudioChunk, SegmentDone
 from rtvoice.engine.text import Segmenter
+from rtvoice.engine.request import SynthesisRequest
 from tests.audio import same_speech
 from tests.conftest import Server, settled_audio_seconds
 from testkit.polling import wait_for
@@ -50,8 +51,8 @@ def engine_pcm(jobs: list[Job]) -> list[np.ndarray]:
         try:
             results = []
             for job in jobs:
-                stream = engine.open_stream(engine.resolve_voice(None), SynthesisOptions(seed=job.seed),
-                                            job.sample_rate)
+                stream = engine.open_stream(SynthesisRequest(options=SynthesisOptions(seed=job.seed),
+                                                             sample_rate=job.sample_rate))
                 events = stream.events()
                 chunks: list[np.ndarray] = []
                 done = 0

@@ -17,6 +17,7 @@ from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.stream import AudioChunk, SegmentDone, WordTiming
 from rtvoice.engine.text import Segmenter
+from rtvoice.engine.request import SynthesisRequest
 from tests.engine_output import reference_engine
 
 TEXT = "It costs $100, Dr. Smith said. Then we walked home, e.g. past the old mill, at 5 o'clock."
@@ -44,9 +45,9 @@ async def events(engine: Engine, text: str | list[str], seed: int = 1, sample_ra
     """Every event of one stream; ``text`` as a list is pushed fragment by fragment."""
     options = SynthesisOptions(seed=seed, speed=speed)
     if isinstance(text, str):
-        stream = engine.open_stream(engine.resolve_voice(None), options, sample_rate, text=text)
+        stream = engine.open_stream(SynthesisRequest(text=text, options=options, sample_rate=sample_rate))
     else:
-        stream = engine.open_stream(engine.resolve_voice(None), options, sample_rate)
+        stream = engine.open_stream(SynthesisRequest(options=options, sample_rate=sample_rate))
         for fragment in text:
             stream.push_text(fragment)
         stream.close_input()

@@ -20,13 +20,12 @@ failed). A client that cancels or disconnects frees its stream at once.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
 from rtvoice.app.access import Access
-from rtvoice.app.cosyvoice_api import cloning_service, prompt_voice, resolve_speaker, takes_instructions
 from rtvoice.app.cosyvoice_grpc import cosyvoice_pb2, cosyvoice_pb2_grpc
 from rtvoice.app.cosyvoice_grpc.guard import Guard
 from rtvoice.app.cosyvoice_grpc.status import status_of
@@ -36,8 +35,10 @@ from rtvoice.app.request_context import track_stream
 from rtvoice.app.state import NotReady
 from rtvoice.engine.audio.encoding import wav_header
 from rtvoice.engine.engine import Engine
-from rtvoice.engine.errors import EngineError, InvalidRequest, ModelNotLoaded
-from rtvoice.engine.models.base import SynthesisOptions, Voice
+from rtvoice.engine.errors import EngineError, InvalidRequest
+from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.request import FieldNames, SynthesisRequest, VoicePrompt
+from rtvoice.engine.stream import SpeechStream
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,8 @@ class CosyVoiceService(cosyvoice_pb2_grpc.CosyVoiceServicer):
         self.requests = requests
 
     async def Inference(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:  # noqa: N802
-        engine = self.engine
         try:
-            voice, options, text = await self._synthesis(request)
-            stream = engine.open_stream(voice, options, text=text)
+            stream = await self._open(request)
             track_stream(stream)
         except EngineError as error:
             await self._abort(context, error)
@@ -88,57 +87,55 @@ class CosyVoiceService(cosyvoice_pb2_grpc.CosyVoiceServicer):
             metadata += (("retry-after", str(error.retry_after_s)),)
         await context.abort(status, error.message, trailing_metadata=metadata)
 
-    async def _synthesis(self, request: Any) -> tuple[Voice, SynthesisOptions, str]:
+    async def _open(self, request: Any) -> SpeechStream:
+        """The request's payload as one engine stream."""
         engine = self.engine
         if not engine.ready:
             raise NotReady("the server is still loading its voices", code="not_ready")
         payload = request.WhichOneof("RequestPayload")
         if payload == "sft_request":
             sft = request.sft_request
-            engine.check_text(sft.tts_text, "tts_text")
-            return resolve_speaker(engine, sft.spk_id or None), SynthesisOptions(), sft.tts_text
+            return engine.open_stream(SynthesisRequest(text=sft.tts_text, voice=sft.spk_id or None, names=NAMES))
         if payload == "zero_shot_request":
             zero_shot = request.zero_shot_request
-            cloning_service(engine)
-            engine.check_text(zero_shot.tts_text, "tts_text")
-            engine.check_text(zero_shot.prompt_text, "prompt_text")
-            voice = await prompt_voice(
-                engine, prompt_wav(zero_shot.prompt_audio), "zero_shot", zero_shot.prompt_text, param="prompt_audio"
+            speech = SynthesisRequest(
+                text=zero_shot.tts_text, prompt=VoicePrompt("zero_shot", text=zero_shot.prompt_text), names=NAMES
             )
-            return voice, SynthesisOptions(), zero_shot.tts_text
+            return await engine.open_prompt_stream(speech, recording(zero_shot.prompt_audio))
         if payload == "cross_lingual_request":
             cross_lingual = request.cross_lingual_request
-            cloning_service(engine)
-            engine.check_text(cross_lingual.tts_text, "tts_text")
-            voice = await prompt_voice(
-                engine, prompt_wav(cross_lingual.prompt_audio), "cross_lingual", param="prompt_audio"
-            )
-            return voice, SynthesisOptions(), cross_lingual.tts_text
+            speech = SynthesisRequest(text=cross_lingual.tts_text, prompt=VoicePrompt("cross_lingual"), names=NAMES)
+            return await engine.open_prompt_stream(speech, recording(cross_lingual.prompt_audio))
         if payload == "instruct_request":
             instruct = request.instruct_request
-            engine.check_text(instruct.tts_text, "tts_text")
-            engine.check_text(instruct.instruct_text, "instruct_text")
-            voice = resolve_speaker(engine, instruct.spk_id or None)
-            if not takes_instructions(voice.info):
-                able = [info.id for info in engine.voice_infos() if takes_instructions(info)]
-                if not able:
-                    raise ModelNotLoaded(
-                        "no voice on this server follows instructions: start it with "
-                        "RTVOICE_COSYVOICE_DIR set to a CosyVoice2 model directory",
-                        code="model_not_loaded",
-                    )
-                raise InvalidRequest(
-                    f"voice {voice.info.id!r} cannot follow instructions; use one that can: {', '.join(able)}",
-                    code="voice_not_instructable",
-                    param="spk_id",
+            return engine.open_stream(
+                SynthesisRequest(
+                    text=instruct.tts_text,
+                    voice=instruct.spk_id or None,
+                    options=SynthesisOptions(instructions=instruct.instruct_text),
+                    instructions_required=True,
+                    names=NAMES,
                 )
-            return voice, SynthesisOptions(instructions=instruct.instruct_text), instruct.tts_text
+            )
         raise InvalidRequest(
             "the request has no payload: set one of sft_request, zero_shot_request, "
             "cross_lingual_request, instruct_request",
             code="missing_payload",
             param="RequestPayload",
         )
+
+
+NAMES = FieldNames(text="tts_text", voice="spk_id", instructions="instruct_text", prompt_audio="prompt_audio")
+"""The proto's names for the request's fields."""
+
+
+def recording(pcm: bytes) -> Callable[[], Awaitable[bytes]]:
+    """A request's raw prompt samples as a recording, read (and checked) once the rest of the request is."""
+
+    async def read() -> bytes:
+        return prompt_wav(pcm)
+
+    return read
 
 
 async def start(

@@ -8,7 +8,7 @@ the audio; a disconnect drops every utterance, which cancels their streams at on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from fastapi import WebSocket
@@ -27,22 +27,16 @@ from rtvoice.app.websocket.sender import Sender, shutting_down
 from rtvoice.app.websocket.utterances import Utterance, Utterances
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, InvalidRequest
-from rtvoice.engine.models.base import SynthesisOptions, Voice
-from rtvoice.engine.text import is_speakable
-
-
-@dataclass(frozen=True)
-class SessionConfig:
-    voice: Voice
-    sample_rate: int
-    options: SynthesisOptions
+from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.request import SynthesisRequest
 
 
 class Connection:
     def __init__(self, websocket: WebSocket, engine: Engine) -> None:
         self.ws = websocket
         self.engine = engine
-        self.config: SessionConfig | None = None
+        self.config: SynthesisRequest | None = None
+        """What ``start`` set: every utterance's request, but for its text."""
         self.ending = False
         """The client sent ``end``."""
         self.writer = SocketWriter(websocket)
@@ -87,14 +81,15 @@ class Connection:
     async def _on_start(self, body: dict[str, Any]) -> None:
         self._check_open_for_input()
         start = StartMessage.parse(body)
-        self.engine.check_sample_rate(start.sample_rate)
-        voice = self.engine.resolve_voice(start.voice)
-        options = SynthesisOptions(speed=start.speed, seed=start.seed)
-        self.engine.check_options(voice.validate, options)
-        self.config = SessionConfig(voice, start.sample_rate or voice.info.sample_rate, options)
-        await self.sender.send_event(
-            StartedEvent(voice=voice.info.id, sample_rate=self.config.sample_rate, speed=start.speed, seed=start.seed)
+        config = SynthesisRequest(
+            voice=start.voice,
+            options=SynthesisOptions(speed=start.speed, seed=start.seed),
+            sample_rate=start.sample_rate,
         )
+        voice = self.engine.validate(config)
+        self.config = replace(config, voice=voice.id)
+        rate = start.sample_rate or voice.sample_rate
+        await self.sender.send_event(StartedEvent(voice=voice.id, sample_rate=rate, speed=start.speed, seed=start.seed))
 
     def _on_text(self, body: dict[str, Any]) -> None:
         self._check_open_for_input()
@@ -103,23 +98,13 @@ class Connection:
         fragment = TextMessage.parse(body).text
         if not fragment:
             return
-        limit = self.engine.settings.max_text_chars
-        held = len(self.utterances.open.text) if self.utterances.open is not None else 0
-        if held + len(fragment) > limit:
-            raise InvalidRequest(
-                f"the utterance would have {held + len(fragment)} characters; the limit is {limit} "
-                "(this fragment was dropped; 'flush' to speak what came before it)",
-                code="input_too_long",
-                param="text",
-            )
         utterance = self.utterances.open or self._open_utterance()
-        utterance.text += fragment
-        utterance.stream.push_text(fragment)
+        utterance.stream.push_text(fragment)  # input_too_long past the limit: this fragment is dropped
         utterance.mark_text()
 
     def _open_utterance(self) -> Utterance:
         assert self.config is not None
-        stream = self.engine.open_stream(self.config.voice, self.config.options, self.config.sample_rate)
+        stream = self.engine.open_stream(self.config)
         track_stream(stream)
         return self.utterances.begin(stream)
 
@@ -128,7 +113,7 @@ class Connection:
         if self.config is None:
             raise InvalidRequest("send 'start' before 'flush'", code="not_started")
         utterance = self.utterances.open
-        if utterance is None or not is_speakable(utterance.text):
+        if utterance is None or not utterance.stream.speakable:
             if utterance is not None:
                 self.utterances.drop(utterance)
             raise InvalidRequest(
@@ -159,7 +144,7 @@ class Connection:
         self.ending = True
         utterance = self.utterances.open
         if utterance is not None:
-            if is_speakable(utterance.text):
+            if utterance.stream.speakable:
                 self.utterances.close_input(utterance)
             else:
                 self.utterances.drop(utterance)

@@ -145,7 +145,7 @@ class Sender:
                 final=final,
                 audio_s=round(audio_s, 4),
                 segments=stats.segments,
-                text_chars=len(utterance.text),
+                text_chars=len(utterance.stream.text),
                 ttfa_ms=None if utterance.ttfa_s is None else round(utterance.ttfa_s * 1000, 1),
                 compute_s=round(stats.compute_s, 4),
                 late_chunks=stats.late_chunks,

@@ -19,7 +19,6 @@ from rtvoice.engine.stream import SpeechStream, WordTiming
 class Utterance:
     index: int
     stream: SpeechStream
-    text: str = ""
     text_at: float | None = None
     """When the text that completed its first segment (or its flush) arrived: where TTFA starts."""
     ttfa_s: float | None = None

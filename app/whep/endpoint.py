@@ -27,7 +27,7 @@ from rtvoice.app.whep.resource import SessionContext, WhepResource
 from rtvoice.app.whep.sdp import Offer
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import Overloaded
-from rtvoice.engine.models.base import Voice
+from rtvoice.engine.models.base import VoiceInfo
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class WhepEndpoint:
 
     # -- sessions -----------------------------------------------------------------------------------
 
-    async def create(self, offer: Offer, voice: Voice) -> tuple[WhepResource, str]:
+    async def create(self, offer: Offer, voice: VoiceInfo) -> tuple[WhepResource, str]:
         """A new session answering ``offer``; raises AtCapacity, or SdpError for an offer it cannot answer."""
         if len(self.sessions) + self._reserved >= self.max_sessions:
             raise AtCapacity(self.max_sessions)
@@ -162,7 +162,7 @@ class WhepEndpoint:
             "peer_connections_alive": len(self._peer_connections),
             "session_tasks": len(self.tasks),
             "loop_tasks": len(asyncio.all_tasks()),
-            "engine_active_streams": len(self.engine.scheduler.active),
-            "engine_queued_streams": len(self.engine.scheduler.waiting),
+            "engine_active_streams": self.engine.stream_counts().active,
+            "engine_queued_streams": self.engine.stream_counts().queued,
             "session_ids": sorted(self.sessions),
         }

@@ -22,7 +22,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rtvoice.app.errors import HttpError, error_fields
 from rtvoice.app.whep.mediastreams import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE, SpeechTrack
@@ -31,7 +31,8 @@ from rtvoice.app.words import delivered, word_fields
 from rtvoice.engine.audio.framing import FrameBuffer
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, StreamFailed
-from rtvoice.engine.models.base import SynthesisOptions, Voice
+from rtvoice.engine.models.base import SynthesisOptions, VoiceInfo
+from rtvoice.engine.request import FieldNames, SynthesisRequest
 from rtvoice.engine.stream import AudioChunk, SpeechStream, WordTiming
 
 MAX_QUEUED_AUDIO_S = 2.0
@@ -58,9 +59,9 @@ Emit = Callable[[str, "object | None"], None]
 @dataclass(eq=False)
 class QueuedUtterance:
     id: str
-    text: str
-    voice: Voice
-    options: SynthesisOptions
+    request: SynthesisRequest
+    voice: VoiceInfo
+    """Who speaks it (checked when it arrived)."""
     stream: SpeechStream | None
     """Opened when the utterance is next to play (at once when nothing else is pending)."""
     reply_to: object | None
@@ -80,7 +81,7 @@ class PlaybackQueue:
         self,
         engine: Engine,
         track: SpeechTrack,
-        voice: Voice,
+        voice: VoiceInfo,
         emit: Emit,
         max_pending: int,
         spawn: Callable[..., asyncio.Task[None]],
@@ -113,25 +114,24 @@ class PlaybackQueue:
             raise EngineError("the session is closed", code="session_closed")
         if len(self._pending) >= self.max_pending:
             raise QueueFull(self.max_pending)
-        self.engine.check_text(request.text, "text")
-        voice = self.voice if request.voice is None else self.engine.resolve_voice(request.voice, request.voice_param)
-        options = SynthesisOptions(speed=request.speed)
-        stream = None
-        if not self._pending:
-            stream = self._open(voice, options, request.text)
-        utterance = QueuedUtterance(
-            request.request_id or f"u{next(_ids)}", request.text, voice, options, stream, reply_to
+        speech = SynthesisRequest(
+            text=request.text,
+            voice=self.voice.id if request.voice is None else request.voice,
+            options=SynthesisOptions(speed=request.speed),
+            sample_rate=SAMPLE_RATE,
+            trim_leading_silence=True,  # the voice's silence before its first sound would only delay the player
+            names=FieldNames(voice=request.voice_param),
         )
+        voice = self.engine.validate(speech)
+        speech = replace(speech, voice=voice.id)
+        stream = None if self._pending else self.engine.open_stream(speech)
+        utterance = QueuedUtterance(request.request_id or f"u{next(_ids)}", speech, voice, stream, reply_to)
         self._pending.append(utterance)
         self._to_pump.append(utterance)
         self.track.activate()
         if self._task is None or self._task.done():
             self._task = self._spawn(self._run(), "whep-playback")
         return utterance
-
-    def _open(self, voice: Voice, options: SynthesisOptions, text: str) -> SpeechStream:
-        # The voice's silence before its first sound would only delay the player: it goes.
-        return self.engine.open_stream(voice, options, SAMPLE_RATE, text=text, trim_leading_silence=True)
 
     def queue_position(self, utterance: QueuedUtterance) -> int:
         """0 for the utterance playing (or next to), 1 for the one after it, and so on."""
@@ -182,7 +182,7 @@ class PlaybackQueue:
         """Cut the stream's audio into 20 ms frames and queue them on the track, a little ahead of playback."""
         if utterance.stream is None:
             try:
-                utterance.stream = self._open(utterance.voice, utterance.options, utterance.text)
+                utterance.stream = self.engine.open_stream(utterance.request)
             except EngineError as error:
                 utterance.state = "failed"
                 self._send(utterance, "error", **error_fields(error))

@@ -28,7 +28,7 @@ from rtvoice.app.whep.playback_queue import PlaybackQueue, QueuedUtterance
 from rtvoice.app.whep.sdp import IceFragment, Offer, SdpError, with_rtcp_mux_only
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, InvalidRequest
-from rtvoice.engine.models.base import Voice
+from rtvoice.engine.models.base import VoiceInfo
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class SessionContext:
 
 
 class WhepResource:
-    def __init__(self, context: SessionContext, voice: Voice) -> None:
+    def __init__(self, context: SessionContext, voice: VoiceInfo) -> None:
         self.context = context
         self.id = secrets.token_hex(12)
         self.etag = f'"{secrets.token_hex(8)}"'
@@ -159,7 +159,7 @@ class WhepResource:
             event(
                 "accepted",
                 request_id=utterance.id,
-                voice=utterance.voice.info.id,
+                voice=utterance.voice.id,
                 queue_position=self.playback.queue_position(utterance),
             ),
             reply_to,

@@ -101,7 +101,7 @@ async def create_session(request: Request) -> Response:
     """Start playback: the player's SDP offer (recvonly audio, a DataChannel for text) in, the answer out."""
     _require_media_type(request, SDP, "the offer", "Accept-Post")
     engine = engine_of(request)
-    voice = engine.resolve_voice(request.query_params.get("voice") or None, "voice")
+    voice = engine.voice_info(request.query_params.get("voice") or None, "voice")
     endpoint = endpoint_of(request)
     try:
         offer = parse_offer(await request.body())
@@ -203,7 +203,7 @@ async def speak(request: Request, session: Session) -> Response:
     return JSONResponse(
         {
             "request_id": utterance.id,
-            "voice": utterance.voice.info.id,
+            "voice": utterance.voice.id,
             "queue_position": session.playback.queue_position(utterance),
         },
         status_code=202,

@@ -26,6 +26,7 @@ require("kaldi_native_fbank")
 
 from testkit.servers import start_rtvoice  # noqa: E402
 from rtvoice.engine.models.base import SynthesisOptions  # noqa: E402
+from rtvoice.engine.request import SynthesisRequest
 from tests.audio import parse_wav  # noqa: E402
 from tests.conftest import Server  # noqa: E402
 from tests.cosyvoice2.sizes import expected_chunk_samples, most_tokens, samples_per_token  # noqa: E402
@@ -69,7 +70,8 @@ def engine_pcm(service: Any, voice: Any, text: str, seed: int, rate: int | None 
         engine = Engine(EngineSettings(warmup=False), voices=registry)
         await engine.start()
         try:
-            stream = engine.open_stream(voice, SynthesisOptions(seed=seed, instructions=instructions), rate, text=text)
+            options = SynthesisOptions(seed=seed, instructions=instructions)
+            stream = engine.open_stream(SynthesisRequest(text=text, voice=voice.info.id, options=options, sample_rate=rate))
             return np.concatenate([pcm async for pcm in stream.audio()])
         finally:
             await engine.stop()

@@ -20,6 +20,7 @@ from rtvoice.engine.models.base import SynthesisOptions  # noqa: E402
 from rtvoice.engine.models.cosyvoice2.frontend import END_OF_PROMPT  # noqa: E402
 from rtvoice.engine.models.cosyvoice2.steps import PrefillJob  # noqa: E402
 from rtvoice.engine.models.cosyvoice2.voice import CosyVoice2Session  # noqa: E402
+from rtvoice.engine.request import SynthesisRequest
 from tests.cosyvoice2.sizes import expected_chunk_samples, most_tokens, samples_per_token  # noqa: E402
 from tests.cosyvoice2.standins import tone_wav  # noqa: E402
 
@@ -174,10 +175,9 @@ def test_concurrent_streams_through_the_engine(serving_service: Any) -> None:
         engine = Engine(EngineSettings(warmup=False, runner_threads=2), voices=registry)
         await engine.start()
         try:
-            voice = engine.resolve_voice("cosyvoice2-sft")
-
             async def one(seed: int) -> np.ndarray:
-                stream = engine.open_stream(voice, SynthesisOptions(seed=seed), text="Hi. Ok.")
+                stream = engine.open_stream(
+                    SynthesisRequest(text="Hi. Ok.", voice="cosyvoice2-sft", options=SynthesisOptions(seed=seed)))
                 return np.concatenate([pcm async for pcm in stream.audio()])
 
             alone = [await one(1), await one(2)]

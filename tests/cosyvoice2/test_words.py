@@ -16,6 +16,7 @@ require("kaldi_native_fbank")
 
 from rtvoice.engine.models.base import SynthesisOptions  # noqa: E402
 from rtvoice.engine.stream import AudioChunk, SegmentDone, WordTiming  # noqa: E402
+from rtvoice.engine.request import SynthesisRequest
 
 TEXT = "Hello there, $5 each. And a second sentence follows."
 
@@ -32,7 +33,7 @@ def stream_events(service: Any, voice: Any, text: str, seed: int) -> list[object
         engine = Engine(EngineSettings(warmup=False), voices=registry)
         await engine.start()
         try:
-            stream = engine.open_stream(voice, SynthesisOptions(seed=seed), None, text=text)
+            stream = engine.open_stream(SynthesisRequest(text=text, voice=voice.info.id, options=SynthesisOptions(seed=seed)))
             return [event async for event in stream.events()]
         finally:
             await engine.stop()

@@ -31,6 +31,7 @@ import torch
 
 from rtvoice.engine.audio.resample import resample
 from rtvoice.engine.errors import InvalidRequest
+from rtvoice.engine.models.cosyvoice2.info import MAX_RECORDING_BYTES
 from rtvoice.engine.text import normalize
 
 from .mel import MelExtractor, slaney_mel_filterbank
@@ -260,7 +261,7 @@ MIN_PROMPT_SECONDS = 0.5
 MIN_PROMPT_RATE = 16_000
 SILENCE_RMS = 1e-3
 """A prompt quieter than this (about -60 dBFS RMS) carries no voice to copy."""
-MAX_UPLOAD_BYTES = 50 * 1024 * 1024
+MAX_UPLOAD_BYTES = MAX_RECORDING_BYTES
 FRONTEND_RATE = 16_000
 
 

@@ -11,6 +11,8 @@ MODEL_NAME = "cosyvoice2"
 SPEAKER_PREFIX = f"{MODEL_NAME}-"
 """What the ids of a model's ``spk2info.pt`` speakers start with."""
 STREAMING_SPEED = 1.0
+MAX_RECORDING_BYTES = 50 * 1024 * 1024
+"""The largest prompt recording read."""
 
 
 def validate(options: SynthesisOptions) -> None:

@@ -1,0 +1,69 @@
+"""One request for speech, as every transport hands it to the engine.
+
+A transport maps its protocol's fields onto a ``SynthesisRequest`` and calls ``Engine.open_stream`` with it; the
+engine checks all of it there, once, for every transport. ``FieldNames`` carries the protocol's own names for the
+fields, so that an error names what the client sent (``input``, ``tts_text``, ``voice.id``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
+
+from rtvoice.engine.models.base import SynthesisOptions
+
+PromptMode = Literal["zero_shot", "cross_lingual", "instruct2"]
+
+Recording: TypeAlias = "bytes | Callable[[], Awaitable[bytes]]"
+"""A prompt recording (any audio file PyAV decodes), or how to read it: read only once the rest of its request has
+been checked, so that a bad field is refused before an upload is read."""
+
+
+async def read_recording(recording: Recording) -> bytes:
+    return recording if isinstance(recording, bytes) else await recording()
+
+
+@dataclass(frozen=True)
+class FieldNames:
+    """What the protocol calls each field of the request (the ``param`` of the errors about it)."""
+
+    text: str = "text"
+    voice: str = "voice"
+    sample_rate: str = "sample_rate"
+    speed: str = "speed"
+    instructions: str = "instructions"
+    prompt_text: str = "prompt_text"
+    prompt_audio: str = "prompt_wav"
+
+
+@dataclass(frozen=True)
+class VoicePrompt:
+    """A request that brings its own voice: a recording to speak like (CosyVoice2's zero-shot, cross-lingual and
+    instruct2 modes)."""
+
+    mode: PromptMode
+    text: str = ""
+    """What is said in the recording (zero-shot only)."""
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    """What one engine stream is asked to speak, and how."""
+
+    text: str | None = None
+    """The whole text; None when the transport pushes it in pieces (``SpeechStream.push_text``)."""
+    voice: str | None = None
+    """A voice id or alias; the default voice when None or empty."""
+    options: SynthesisOptions = field(default_factory=SynthesisOptions)
+    sample_rate: int | None = None
+    """The output rate; the voice's own when None."""
+    unknown_voice_is_default: bool = False
+    """A voice name that names no voice speaks with the default voice (Piper's server, Cartesia's voice ids)."""
+    instructions_required: bool = False
+    """The voice must follow ``options.instructions`` (CosyVoice's instruct request), else the request fails."""
+    prompt: VoicePrompt | None = None
+    """The request's own voice (``voice`` is then ignored); opened with ``Engine.open_prompt_stream``."""
+    trim_leading_silence: bool = False
+    """Drop the voice's silence before its first sound (a live player would only hear it as delay)."""
+    names: FieldNames = field(default_factory=FieldNames)
