@@ -15,7 +15,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope, Send
 
 from rtvoice.app.request_context import current_request_id
-from rtvoice.engine.errors import EngineError, InvalidRequest, ModelNotLoaded, Overloaded, StreamFailed
+from rtvoice.engine.errors import (
+    Conflict,
+    EngineError,
+    InvalidRequest,
+    ModelNotLoaded,
+    Overloaded,
+    StorageFailed,
+    StreamFailed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +42,8 @@ ENGINE_STATUSES: dict[type[EngineError], HttpStatus] = {
     # not retry (a 503 would tell it to).
     ModelNotLoaded: HttpStatus(404, "invalid_request_error"),
     StreamFailed: HttpStatus(500, "server_error"),
+    Conflict: HttpStatus(409, "invalid_request_error"),
+    StorageFailed: HttpStatus(500, "server_error"),
 }
 """The engine's errors by class (a subclass takes its nearest base's); any other is a 400."""
 
