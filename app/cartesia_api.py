@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rtvoice.app.errors import http_status, invalid_value
 from rtvoice.app.fields import Speed
 from rtvoice.app.json_body import parse_json_body
+from rtvoice.app.openapi import schema_ref
 from rtvoice.app.request_context import track_stream
 from rtvoice.app.state import engine_of
 from rtvoice.app.streaming import SpeechResponse, audio_body, stream_headers
@@ -537,7 +538,7 @@ async def tts_websocket(websocket: WebSocket) -> None:
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": SpeechRequest.model_json_schema()}},
+            "content": {"application/json": {"schema": schema_ref(SpeechRequest, "CartesiaSpeechRequest")}},
         }
     },
     responses={200: {"content": {"audio/pcm": {}, "audio/wav": {}, "audio/mpeg": {}}}},

@@ -23,6 +23,7 @@ from starlette.datastructures import UploadFile
 
 from rtvoice.app.errors import HttpError, invalid_value
 from rtvoice.app.fields import Speed
+from rtvoice.app.openapi import model_schema
 from rtvoice.app.state import engine_of
 from rtvoice.app.streaming import SpeechResponse, audio_body, stream_headers
 from rtvoice.app.voice_fields import voice_fields
@@ -95,7 +96,7 @@ _GET_BODY = (
 
 def _query_parameters(form: type[BaseModel]) -> list[dict[str, Any]]:
     """The form's fields as query parameters. None is required there: each may come in the body instead."""
-    schema = form.model_json_schema()
+    schema = model_schema(form)
     required = set(schema.get("required", []))
     parameters = []
     for name, property_schema in schema["properties"].items():
@@ -110,7 +111,7 @@ def _query_parameters(form: type[BaseModel]) -> list[dict[str, Any]]:
 
 
 def _form_schema(form: type[BaseModel], files: tuple[str, ...], *, fields_required: bool) -> dict[str, Any]:
-    schema = form.model_json_schema()
+    schema = model_schema(form)
     required = [*schema.get("required", [])] if fields_required else []
     return {
         **schema,

@@ -20,6 +20,7 @@ from rtvoice.app.access import Access, AccessControl, KeyRing, warn_if_open
 from rtvoice.app.drain import Drain, DrainGate
 from rtvoice.app.limits import BodyLimit, OpenSockets, WebSocketLimits
 from rtvoice.app.metrics import RequestMetrics
+from rtvoice.app.openapi import install as install_openapi
 from rtvoice.app.request_context import RequestContext
 from rtvoice.app.settings import Settings
 from rtvoice.app.websocket.router import router as websocket_router
@@ -111,6 +112,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.include_router(websocket_router)
     app.include_router(cartesia_api.router)
     app.include_router(piper_api.router)
+    install_openapi(app)  # the request bodies' schemas, which the routes above refer to
     # Middleware, innermost first: input limits, then keys and quotas, then the drain gate, CORS (so that a 401
     # or 429 reaches a browser page readably), WHEP's preflight headers, and outermost the request's id, access
     # line and count (so that every answer, refusals included, has them).

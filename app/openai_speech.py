@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rtvoice.app.fields import Speed
 from rtvoice.app.json_body import parse_json_body
+from rtvoice.app.openapi import schema_ref
 from rtvoice.app.state import engine_of
 from rtvoice.app.streaming import SpeechResponse, audio_body, sse_body, stream_headers
 from rtvoice.app.voice_fields import voice_fields
@@ -67,7 +68,7 @@ def _usage(text: str) -> Any:
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": SpeechRequest.model_json_schema()}},
+            "content": {"application/json": {"schema": schema_ref(SpeechRequest, "OpenAISpeechRequest")}},
         }
     },
     responses={200: {"content": {fmt.content_type: {} for fmt in FORMATS.values()}}},

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rtvoice.app.fields import MAX_SPEED, MIN_SPEED
 from rtvoice.app.json_body import parse_json_body
+from rtvoice.app.openapi import schema_ref
 from rtvoice.app.state import engine_of
 from rtvoice.app.streaming import SpeechResponse, audio_body, stream_headers
 from rtvoice.engine.audio.encoding import WavEncoder
@@ -74,7 +75,7 @@ def speed_for(voice: VoiceInfo, length_scale: float | None) -> float:
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": SynthesizeRequest.model_json_schema()}},
+            "content": {"application/json": {"schema": schema_ref(SynthesizeRequest)}},
         }
     },
     responses={200: {"content": {"audio/wav": {}}}},
