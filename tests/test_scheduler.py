@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rtvoice.engine import policy
+from rtvoice.engine.admission import Need, schedulable
 from rtvoice.engine.cost import CostModel, LinearFit
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import Overloaded
@@ -25,7 +26,7 @@ from rtvoice.engine.models.piper.plan import STARTING_FLOW_CHUNKS, DecodeChunk, 
 from rtvoice.engine.models.piper.voice import PiperVoice
 from rtvoice.engine.metrics import Metrics
 from rtvoice.engine.runner import BatchOutput
-from rtvoice.engine.scheduler import Batch, Limits, Need, Scheduler, schedulable
+from rtvoice.engine.scheduler import Batch, Limits, Scheduler
 from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import SpeechStream
 from rtvoice.engine.request import SynthesisRequest
