@@ -14,7 +14,8 @@ import pytest
 
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.models.piper import context, graph
-from rtvoice.engine.models.piper.voice import PiperVoice, SentenceStages
+from rtvoice.engine.models.piper.measure import SentenceStages
+from rtvoice.engine.models.piper.voice import PiperVoice
 from rtvoice.engine.voices import embedded_voice_path
 from tests.audio import SAME_SPEECH_DB, snr_db
 
