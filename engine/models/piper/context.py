@@ -7,9 +7,8 @@ context is paid on both sides of every flow window and decoder chunk, and the sm
 start pay it most. So each stage takes the least context at which a sentence made in the plan's
 smallest chunks differs from its whole run by no more than ``TOLERANCE_DB`` below its level.
 
-Both stages are judged by the audio: the decoder amplifies the flow's small errors (on the embedded
-voice a latent 70-77 dB from its whole run gave audio only 46-55 dB from it), so a flow context
-judged by its latent alone falls short of what the listener gets.
+Both stages are judged by the audio: the decoder amplifies the flow's small errors, so a flow context
+judged by its latent alone falls short of what the listener gets (figures: ``docs/decisions.md``).
 """
 
 from __future__ import annotations
@@ -30,12 +29,8 @@ from rtvoice.engine.models.piper.plan import smallest
 
 TOLERANCE_DB = 100.0
 """How far below the sentence's mean power the difference of the sentence made in the plan's smallest chunks must lie
-(in dB). Chunk sizes follow the load, so two runs of one seed chunk differently, and some flow windows are smaller
-still; the tests take 60 dB as the same speech. On the embedded voice this gives flow 27 (reach 32) and decoder 10
-(11): two other sentences streamed in the smallest chunks were 102-104 dB from their whole runs, and with flow windows
-of one frame, the worst the plan can make, 97-101. The earlier measure (90 dB, the flow judged by its latent on
-32-frame chunks) gave flow 21, at which five sentences in 10-frame windows were 55-78 dB from their whole runs (two
-seeds each), and one seed's audio over a WebSocket fell under 60 dB from the same request made alone (CI)."""
+(in dB): well past the tests' 60 dB for the same speech, as chunk sizes follow the load and some flow windows are
+smaller still (figures: ``docs/decisions.md``)."""
 
 MEASURE_VERSION = 2
 """Goes up whenever what the measurement computes changes, so that contexts an older rtvoice kept are measured again

@@ -203,13 +203,8 @@ class PiperVoice(Voice):
         self.validate(options)
         return PiperSession(self, options)
 
-    # Measured on the CPU (bench/batch_calls.py), a batched call is not cheaper than its steps one by one where
-    # it matters: encoder passes save ~10% on one text repeated, but requests' texts differ in length and a batch
-    # pads each to the longest, so texts of one size bucket take 2-9% longer batched; flow windows save 3-7% and
-    # decoder chunks take 5-20% longer. A batched call also holds back every stream in it until the slowest step
-    # is done (first audio above all: at 80% of capacity, bench/load.py's TTFA p95 fell from 571-636 ms to
-    # 258-488 ms with encoder passes one at a time), and a batched multi-second flow window holds its runner slot
-    # long enough to make other listeners stall. So each step runs alone; the voice still runs batches when given.
+    # Each step runs alone: on the CPU a batched call is not cheaper where it matters, and it holds every stream in
+    # it back until its slowest step is done (figures: docs/decisions.md). The voice still runs batches when given.
     BATCH_LIMITS = {EncodeJob.kind: 1, FlowJob.kind: 1, DecodeJob.kind: 1}
 
     def max_batch(self, kind: str) -> int:
