@@ -63,8 +63,8 @@ STALL_THRESHOLD_S = 0.02
 WAV_HEADER = 44
 PIPER_CLIENTS = 16
 QUEUE_POLL_S = 0.5
-"""How often a row reads the server's queue length: a queue lasts seconds in the rows that have one, and each read
-renders /metrics on the server's event loop (ten a second showed as 11% of its samples at 24 listeners)."""
+"""How often a row reads the server's queue length: queues last seconds, and each read renders /metrics on the
+server's event loop, so reading more often would load the server it measures."""
 
 
 @dataclass
@@ -122,10 +122,9 @@ def clients(count: int, timeout_s: float = 300) -> list[httpx.AsyncClient]:
 
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
-    """No cyclic garbage collection in this process while listeners play: a collection holds its event loop (traced
-    at 36-280 ms for full ones late in a run, whose heap has grown with the rows before), and listeners would count
-    that pause of their own as a gap in the server's audio, as they did while the server counted no chunk late. What
-    is already allocated is frozen out of later collections; the garbage of the row is collected after it."""
+    """No cyclic garbage collection in this process while listeners play: a full collection holds its event loop,
+    and listeners would count that pause of their own as a gap in the server's audio. What is already allocated is
+    frozen out of later collections; the garbage of the row is collected after it."""
     gc.collect()
     gc.freeze()
     gc.disable()

@@ -67,11 +67,9 @@ class EngineSettings(BaseSettings):
     first_chunk_ms: int = 120
     """Audio in a stream's first chunk: small, so the first bytes leave early."""
     chunk_ms: int = 1000
-    """Most audio in one later chunk. Chunks are as large as measured costs allow without another listener
-    running out of audio, up to this; larger ones pay the per-call overhead more rarely, but each new stream
-    then needs more audio buffered (a longer round of the machine) before the next one starts. Measured with
-    bench.load and model calls x1.6, 600 against 1000: 12 listeners joining over 1 s had a lower TTFA p95 in 8 of 10
-    pairs (median 570 ms against 628), and 24 at once played 6% less audio per second (11.87 against 12.67)."""
+    """Most audio in one later chunk: chunks grow up to this as far as measured costs allow without another listener
+    running out of audio. Larger pays the per-call overhead more rarely (more audio per second at full load);
+    smaller lets a burst of new streams start sooner (each needs less audio buffered before the next one starts)."""
     flow_chunk_ms: int = 3000
     """Most audio covered by one run of the flow (its context is paid once per run); sized like chunks."""
     crossfade_ms: float = 12.0
@@ -81,8 +79,7 @@ class EngineSettings(BaseSettings):
     first_segment_clause_chars: int = Field(default=24, ge=0)
     """The first segment also ends at its first clause boundary (a comma, semicolon or colon and a blank) past this
     many characters, so that its encoder pass, which its first audio waits for, is short (0: only at sentence ends
-    and ``first_segment_max_chars``). Measured with bench.load and model calls x1.6, 12 listeners joining over 1 s:
-    TTFA p95 lower than with 0 in 5 of 5 pairs (median 706 ms against 917), no listener stalled."""
+    and ``first_segment_max_chars``)."""
     segment_max_chars: int = 300
     """Later segments are split at a clause or word boundary past this length."""
 
@@ -90,10 +87,9 @@ class EngineSettings(BaseSettings):
     max_batch_size: int = 8
     """Most steps of one kind that share a model call (a voice may allow fewer; 1 turns batching off)."""
     max_load: float = Field(0.9, gt=0)
-    """Admit a new stream only while this share of the runner slots' time, by the costs measured on this machine and
-    divided by how much longer than estimated calls have lately taken (their 90th percentile), makes what the
-    admitted streams and the newcomer still need before their listeners run out; past it, new streams wait in the
-    queue."""
+    """Admit a new stream only while, by measured costs, it and the admitted streams need at most this share of the
+    runner slots' time before their listeners run out (divided by how far recent calls overran their estimates, at
+    their 90th percentile); past it, new streams wait in the queue. Below 1 keeps slack for a machine that wavers."""
     cost_safety_factor: float = Field(1.5, ge=1.0)
     """Measured call costs are multiplied by this wherever they decide whether a listener is served in time (or by
     how much longer than estimated calls have lately taken, their 90th percentile, when that is more)."""
