@@ -46,7 +46,8 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rtvoice.app.errors import http_status, invalid_value
+from rtvoice.app.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, INTERNAL_ERROR, SHUTTING_DOWN
+from rtvoice.app.errors import ShuttingDown, http_status, invalid_value
 from rtvoice.app.fields import Speed
 from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.openapi import schema_ref
@@ -54,8 +55,6 @@ from rtvoice.app.request_context import track_stream
 from rtvoice.app.state import engine_of
 from rtvoice.app.streaming import SpeechResponse, audio_body, stream_headers
 from rtvoice.app.websocket.io import (
-    CLOSE_GOING_AWAY,
-    CLOSE_INTERNAL_ERROR,
     Gone,
     SocketWriter,
     json_of,
@@ -324,8 +323,8 @@ class Connection:
     async def shut_down(self) -> None:
         for context in list(self.contexts.values()):
             self._cancel(context)
-        await self.send_error(InvalidRequest("the server is shutting down", code="server_shutting_down"), None)
-        await self.writer.close(CLOSE_GOING_AWAY, "server shutting down")
+        await self.send_error(ShuttingDown(), None)
+        await self.writer.close(CLOSE_GOING_AWAY, SHUTTING_DOWN)
 
     # -- receiving ---------------------------------------------------------------------------------
 
@@ -482,10 +481,8 @@ class ContextSender:
                 return
             if context.stream.state is StreamState.CANCELLED:  # not by the client: the server is stopping
                 self.connection.forget(context)
-                await self.connection.send_error(
-                    InvalidRequest("the server is shutting down", code="server_shutting_down"), context.id
-                )
-                await self.writer.close(CLOSE_GOING_AWAY, "server shutting down")
+                await self.connection.send_error(ShuttingDown(), context.id)
+                await self.writer.close(CLOSE_GOING_AWAY, SHUTTING_DOWN)
                 return
             await self.send_words()
             context.segments_sent = len(context.stream.segments)
@@ -497,7 +494,7 @@ class ContextSender:
         except Exception:
             log.exception("cartesia context sender failed")
             context.stream.cancel()
-            await self.writer.close(CLOSE_INTERNAL_ERROR, "internal error")
+            await self.writer.close(CLOSE_INTERNAL_ERROR, INTERNAL_ERROR)
 
     async def on_event(self, event: object) -> None:
         """One stream event as Cartesia's messages: words (when the context asked for ``add_timestamps``) wait for

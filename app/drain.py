@@ -18,25 +18,11 @@ from collections.abc import Awaitable, Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rtvoice.app.errors import HttpError, asgi_error
+from rtvoice.app.errors import ShuttingDown, asgi_error
 from rtvoice.app.limits import OpenSockets
 from rtvoice.app.request_context import PROBE_PATHS
 
 log = logging.getLogger(__name__)
-
-RETRY_AFTER_S = 5
-"""What a refused client is told to wait: another instance should be taking traffic by then."""
-
-
-class ShuttingDown(HttpError):
-    status = 503
-    type = "server_error"
-
-    def __init__(self) -> None:
-        super().__init__(
-            "the server is shutting down; retry on another instance or shortly", code="server_shutting_down"
-        )
-        self.retry_after_s = RETRY_AFTER_S
 
 
 class Drain:

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope, Send
 
+from rtvoice.app.close_codes import CLOSE_POLICY_VIOLATION, CLOSE_TRY_AGAIN_LATER
 from rtvoice.app.request_context import current_request_id
 from rtvoice.engine.errors import (
     Conflict,
@@ -116,9 +117,21 @@ def engine_error_response(error: EngineError) -> JSONResponse:
     return JSONResponse(engine_error_body(error), status_code=http_status(error).status, headers=headers or None)
 
 
-# Close codes (RFC 6455 and IANA's registry) for a WebSocket refused where no HTTP answer can be sent.
-CLOSE_POLICY_VIOLATION = 1008
-CLOSE_TRY_AGAIN_LATER = 1013
+SHUTDOWN_RETRY_AFTER_S = 5
+"""What a client refused by a draining server is told to wait: another instance should be taking traffic by then."""
+
+
+class ShuttingDown(HttpError):
+    """The one "server is shutting down" error: HTTP's 503, and each protocol's goodbye while the server drains."""
+
+    status = 503
+    type = "server_error"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the server is shutting down; retry on another instance or shortly", code="server_shutting_down"
+        )
+        self.retry_after_s = SHUTDOWN_RETRY_AFTER_S
 
 
 async def asgi_error(scope: Scope, send: Send, error: EngineError, headers: dict[str, str] | None = None) -> None:

@@ -20,12 +20,10 @@ from collections.abc import Awaitable, Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rtvoice.app.close_codes import CLOSE_GOING_AWAY, CLOSE_NORMAL, SHUTTING_DOWN
 from rtvoice.app.errors import HttpError, asgi_error
 from rtvoice.app.settings import Settings
 from rtvoice.engine.errors import EngineError, Overloaded
-
-CLOSE_NORMAL = 1000
-CLOSE_GOING_AWAY = 1001
 
 
 class BodyTooLarge(HttpError):
@@ -169,7 +167,7 @@ class ManagedSocket:
                 await asyncio.wait_for(self.on_shutdown(), grace_s)
             except Exception:
                 pass
-        await self.close(CLOSE_GOING_AWAY, "server shutting down")
+        await self.close(CLOSE_GOING_AWAY, SHUTTING_DOWN)
 
     async def run(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
         pending: asyncio.Future[Message] | None = None

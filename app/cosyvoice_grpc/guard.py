@@ -18,7 +18,8 @@ import grpc
 
 from rtvoice.app.access import Access, Grant
 from rtvoice.app.cosyvoice_grpc.status import status_of
-from rtvoice.app.drain import Drain, ShuttingDown
+from rtvoice.app.drain import Drain
+from rtvoice.app.errors import ShuttingDown
 from rtvoice.app.request_context import begin, log_access, valid_or_new_id
 from rtvoice.engine.errors import EngineError
 

@@ -13,8 +13,10 @@ from typing import Any
 
 from fastapi import WebSocket
 
+from rtvoice.app.close_codes import CLOSE_GOING_AWAY, SHUTTING_DOWN
+from rtvoice.app.errors import ShuttingDown
 from rtvoice.app.request_context import track_stream
-from rtvoice.app.websocket.io import CLOSE_GOING_AWAY, Gone, SocketWriter, json_of, received
+from rtvoice.app.websocket.io import Gone, SocketWriter, json_of, received
 from rtvoice.app.websocket.messages import (
     CancelledEvent,
     Delivered,
@@ -23,7 +25,7 @@ from rtvoice.app.websocket.messages import (
     TextMessage,
     message_type,
 )
-from rtvoice.app.websocket.sender import Sender, shutting_down
+from rtvoice.app.websocket.sender import Sender
 from rtvoice.app.websocket.utterances import Utterance, Utterances
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, InvalidRequest
@@ -160,5 +162,5 @@ class Connection:
         """The server's drain ran out: stop speaking, say ``server_shutting_down``, close 1001."""
         self.utterances.drop_all()
         await self.sender.stop()
-        await self.sender.send_error(shutting_down())
-        await self.writer.close(CLOSE_GOING_AWAY, "server shutting down")
+        await self.sender.send_error(ShuttingDown())
+        await self.writer.close(CLOSE_GOING_AWAY, SHUTTING_DOWN)

@@ -17,18 +17,13 @@ from typing import Any, Protocol
 from fastapi import WebSocket
 from starlette.websockets import WebSocketState
 
+from rtvoice.app.close_codes import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, INTERNAL_ERROR
 from rtvoice.app.limits import managed_socket
 from rtvoice.app.state import engine_of
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, InvalidRequest
 
 log = logging.getLogger(__name__)
-
-# Close codes (RFC 6455 and IANA's registry).
-CLOSE_NORMAL = 1000
-CLOSE_GOING_AWAY = 1001
-CLOSE_INTERNAL_ERROR = 1011
-CLOSE_TRY_AGAIN_LATER = 1013
 
 
 class Gone(Exception):
@@ -128,4 +123,4 @@ async def serve_session(
         await connection.run()
     except Exception:
         log.exception("websocket session on %s failed", path)
-        await connection.writer.close(CLOSE_INTERNAL_ERROR, "internal error")
+        await connection.writer.close(CLOSE_INTERNAL_ERROR, INTERNAL_ERROR)

@@ -13,7 +13,9 @@ import asyncio
 import logging
 import time
 
-from rtvoice.app.websocket.io import CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, Gone, SocketWriter
+from rtvoice.app.close_codes import CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, INTERNAL_ERROR, SHUTTING_DOWN
+from rtvoice.app.errors import ShuttingDown
+from rtvoice.app.websocket.io import Gone, SocketWriter
 from rtvoice.app.websocket.messages import (
     AudioStartEvent,
     DoneEvent,
@@ -24,14 +26,10 @@ from rtvoice.app.websocket.messages import (
     WordEvent,
 )
 from rtvoice.app.websocket.utterances import EndOfSession, Utterance, Utterances
-from rtvoice.engine.errors import EngineError, InvalidRequest
+from rtvoice.engine.errors import EngineError
 from rtvoice.engine.stream import AudioChunk, SegmentDone, StreamState, WordTiming
 
 log = logging.getLogger(__name__)
-
-
-def shutting_down() -> InvalidRequest:
-    return InvalidRequest("the server is shutting down", code="server_shutting_down")
 
 
 class Sender:
@@ -89,7 +87,7 @@ class Sender:
         except Exception:
             log.exception("websocket sender failed")
             utterances.drop_all()
-            await self.writer.close(CLOSE_INTERNAL_ERROR, "internal error")
+            await self.writer.close(CLOSE_INTERNAL_ERROR, INTERNAL_ERROR)
 
     async def _speak(self, utterance: Utterance) -> bool:
         """Send one utterance's audio and segment ends; False when it ended without a ``done``."""
@@ -128,8 +126,8 @@ class Sender:
             return False
         if stream.state is StreamState.CANCELLED:
             # Not by the client (that sets ``dropped``): the server is shutting down.
-            await self.send_error(shutting_down(), utterance=utterance.index)
-            await self.writer.close(CLOSE_GOING_AWAY, "server shutting down")
+            await self.send_error(ShuttingDown(), utterance=utterance.index)
+            await self.writer.close(CLOSE_GOING_AWAY, SHUTTING_DOWN)
             raise Gone
         return True
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from rtvoice.app.errors import ShuttingDown, error_fields
 from rtvoice.app.whep.cors import WhepPreflight
 from rtvoice.app.whep.endpoint import WhepEndpoint
 from rtvoice.app.whep.messages import event
@@ -34,7 +35,7 @@ async def shutdown(app: FastAPI, notify: bool = False) -> None:
     if endpoint is None:
         return
     if notify:
-        goodbye = event("error", code="server_shutting_down", message="the server is shutting down")
+        goodbye = event("error", **error_fields(ShuttingDown()))
         for resource in list(endpoint.sessions.values()):
             resource.broadcast(goodbye)
     await endpoint.close_all()
