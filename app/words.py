@@ -1,6 +1,6 @@
 """Word timings as JSON: the fields every rtvoice transport sends for a word (WebSocket, WHEP DataChannel, SSE).
 
-Cartesia's route sends its own format (``app/cartesia_api.py``)."""
+Cartesia's route sends its own format (``app/cartesia/messages.py``)."""
 
 from __future__ import annotations
 

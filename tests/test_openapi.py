@@ -13,7 +13,7 @@ from openapi_spec_validator import validate
 from pydantic import BaseModel
 
 from rtvoice.app import openapi
-from rtvoice.app.cartesia_api import SpeechRequest as CartesiaSpeechRequest
+from rtvoice.app.cartesia.requests import SpeechRequest as CartesiaSpeechRequest
 from rtvoice.app.cosyvoice_api import CrossLingualForm, Instruct2Form, SftForm, ZeroShotForm
 from rtvoice.app.openai_speech import SpeechRequest as OpenAISpeechRequest
 from rtvoice.app.piper_api import SynthesizeRequest

@@ -1,4 +1,4 @@
-"""One ``/v1/tts/stream`` connection: the receive loop and what each client message does.
+"""One ``/v1/tts/stream`` connection: what each client message does (``io.receive_loop`` brings them).
 
 ``start`` fixes the voice, rate and options of the utterances that follow; ``text`` feeds the open utterance
 (opening one, an engine stream, at the first text); ``flush`` closes its input; ``cancel`` drops every
@@ -16,7 +16,7 @@ from fastapi import WebSocket
 from rtvoice.app.close_codes import CLOSE_GOING_AWAY, SHUTTING_DOWN
 from rtvoice.app.errors import ShuttingDown
 from rtvoice.app.request_context import track_stream
-from rtvoice.app.websocket.io import Gone, SocketWriter, json_of, received
+from rtvoice.app.websocket.io import Gone, SocketWriter, json_of, receive_loop
 from rtvoice.app.websocket.messages import (
     CancelledEvent,
     Delivered,
@@ -28,7 +28,7 @@ from rtvoice.app.websocket.messages import (
 from rtvoice.app.websocket.sender import Sender
 from rtvoice.app.websocket.utterances import Utterance, Utterances
 from rtvoice.engine.engine import Engine
-from rtvoice.engine.errors import EngineError, InvalidRequest
+from rtvoice.engine.errors import InvalidRequest
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.request import SynthesisRequest
 
@@ -47,18 +47,13 @@ class Connection:
 
     async def run(self) -> None:
         self.sender.start()
-        try:
-            async for frame in received(self.ws):
-                try:
-                    await self._handle(frame)
-                except EngineError as error:
-                    await self.sender.send_error(error)
-                except Gone:
-                    return  # the socket closed under a reply
-        finally:
-            # The client left (or the server closed the socket): free its work at once.
-            self.utterances.drop_all()
-            await self.sender.stop()
+        # An engine error answers the message that caused it with an ``error`` event; the session goes on.
+        await receive_loop(self.ws, self._handle, self._release, on_error=self.sender.send_error)
+
+    async def _release(self) -> None:
+        """The client left (or the server closed the socket): free its work at once."""
+        self.utterances.drop_all()
+        await self.sender.stop()
 
     async def _handle(self, frame: dict[str, Any]) -> None:
         body = json_of(frame)

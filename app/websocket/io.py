@@ -1,9 +1,10 @@
-"""What the WebSocket protocols share: one writer for several tasks, and a session's start and end.
+"""What the WebSocket protocols share: one receive loop, one writer for several tasks, and a session's start and end.
 
-The WebSocket protocols (``/v1/tts/stream``, Cartesia's ``/tts/websocket``) each have a receive loop and one
-or more sender tasks. They all write through a ``SocketWriter`` (one lock, so frames never interleave); once a
-send fails or the socket is closed, every later send raises ``Gone`` and the senders stop. ``serve_session``
-accepts a socket, turns it away while the engine is not ready, and closes it if the session fails.
+The WebSocket protocols (``/v1/tts/stream``, Cartesia's ``/tts/websocket``) each run ``receive_loop`` (messages
+to the protocol's handler until the client leaves, then its work freed) and one or more sender tasks. They all write
+through a ``SocketWriter`` (one lock, so frames never interleave); once a send fails or the socket is closed, every
+later send raises ``Gone`` and the senders stop. ``serve_session`` accepts a socket, turns it away while the engine
+is not ready, and closes it if the session fails.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from fastapi import WebSocket
@@ -73,6 +74,29 @@ async def received(websocket: WebSocket) -> AsyncIterator[dict[str, Any]]:
         if message["type"] == "websocket.disconnect":
             return
         yield message
+
+
+async def receive_loop(
+    websocket: WebSocket,
+    handle: Callable[[dict[str, Any]], Awaitable[None]],
+    release: Callable[[], Awaitable[None]],
+    on_error: Callable[[EngineError], Awaitable[None]] | None = None,
+) -> None:
+    """Each message through ``handle`` until the client disconnects or a reply finds the socket gone; then, however
+    the loop ends, ``release`` frees the session's work. An ``EngineError`` from ``handle`` goes to ``on_error``
+    and the loop goes on (without ``on_error`` it propagates: the protocol answers its errors in ``handle``)."""
+    try:
+        async for message in received(websocket):
+            try:
+                await handle(message)
+            except EngineError as error:
+                if on_error is None:
+                    raise
+                await on_error(error)
+            except Gone:
+                return  # the socket closed under a reply
+    finally:
+        await release()
 
 
 def json_of(message: dict[str, Any]) -> Any:
