@@ -187,7 +187,7 @@ class ManagedSocket:
                 if pending is None:
                     pending = asyncio.ensure_future(receive())
                 remaining = self.last_activity + self.idle_timeout_s - time.monotonic()
-                await asyncio.wait([pending, closing], timeout=max(0.0, remaining), return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait((pending, closing), timeout=max(0.0, remaining), return_when=asyncio.FIRST_COMPLETED)
                 if pending.done():
                     message, pending = pending.result(), None
                     self.last_activity = time.monotonic()

@@ -59,7 +59,7 @@ class HeadLimitedHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer.cancel()
             self._head_timer = None
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn's signature
         super().connection_made(transport)
         self._arm_head_timer()  # a connection that never sends a request is closed too
 

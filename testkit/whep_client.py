@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import numpy as np
 from aioice import stun
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 from testkit.polling import wait_for_async
@@ -64,7 +64,7 @@ class WhepPlayer:
 
     def __post_init__(self) -> None:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        self.channel = None
+        self.channel: RTCDataChannel | None = None
         self._own_http = self.http is None
         self._reader: asyncio.Task[None] | None = None
         self._event_arrived = asyncio.Event()
@@ -89,7 +89,7 @@ class WhepPlayer:
             self.rtp.append(RtpArrival(time.monotonic(), packet.sequence_number, packet.timestamp, packet.marker))
             await handle(packet, arrival_time_ms=arrival_time_ms)
 
-        receiver._handle_rtp_packet = log_rtp  # type: ignore[method-assign]
+        receiver._handle_rtp_packet = log_rtp  # type: ignore[method-assign]  # wraps aiortc's handler to log headers
         if self.datachannel:
             self.channel = self.pc.createDataChannel("tts")
             self.channel.on("open", self._channel_open.set)
@@ -176,7 +176,9 @@ class WhepPlayer:
     async def wait_for_speech(self, after: float, timeout: float = 20.0) -> Frame:
         if not await wait_for_async(lambda: self.first_speech_after(after) is not None, timeout, interval=0.01):
             raise TimeoutError(f"no speech within {timeout} s ({len(self.frames)} frames received)")
-        return self.first_speech_after(after)  # type: ignore[return-value]
+        speech = self.first_speech_after(after)
+        assert speech is not None  # frames are only ever appended: the one found is still there
+        return speech
 
     async def wait_for_media_until(self, t: float, timeout: float = 20.0) -> None:
         """Until a frame played at or after monotonic time ``t`` has arrived (the track sends one every 20 ms,

@@ -73,6 +73,8 @@ async def received(websocket: WebSocket) -> AsyncIterator[dict[str, Any]]:
         message = await websocket.receive()
         if message["type"] == "websocket.disconnect":
             return
+        if not isinstance(message, dict):  # ASGI events are dicts; starlette types them as MutableMapping
+            message = dict(message)
         yield message
 
 

@@ -47,7 +47,7 @@ class WhepEndpoint:
     def __init__(self, settings: Settings, engine: Engine) -> None:
         self.settings = settings
         self.engine = engine
-        self.ice_servers: list[IceServer] = parse_ice_servers(settings.whep_ice_servers)  # type: ignore[arg-type]
+        self.ice_servers: list[IceServer] = parse_ice_servers(settings.whep_ice_servers)
         self.link_headers = link_headers(self.ice_servers)
         self.max_sessions = settings.whep_max_sessions
         self.idle_timeout_s = settings.whep_idle_timeout_s

@@ -7,6 +7,7 @@ network that cannot reach it, so the empty list is always passed explicitly.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from aiortc import RTCConfiguration, RTCIceServer
@@ -23,7 +24,7 @@ class IceServer:
     """Offered to players only; the server's own gathering does not use it."""
 
 
-def parse_ice_servers(entries: list[dict[str, object]]) -> list[IceServer]:
+def parse_ice_servers(entries: Sequence[Mapping[str, object]]) -> list[IceServer]:
     """Validate the ``whep_ice_servers`` setting; raises ValueError naming the bad entry."""
     servers = []
     for index, entry in enumerate(entries):
@@ -38,15 +39,20 @@ def parse_ice_servers(entries: list[dict[str, object]]) -> list[IceServer]:
         for url in urls:
             if not url.startswith(_SCHEMES):
                 raise ValueError(f"whep_ice_servers[{index}]: {url!r} is not a stun:, stuns:, turn: or turns: URL")
-        username, credential = entry.get("username"), entry.get("credential")
-        for name, value in (("username", username), ("credential", credential)):
-            if value is not None and not isinstance(value, str):
-                raise ValueError(f"whep_ice_servers[{index}]: '{name}' must be a string")
+        username, credential = _optional_str(entry, "username", index), _optional_str(entry, "credential", index)
         client_only = entry.get("client_only", False)
         if not isinstance(client_only, bool):
             raise ValueError(f"whep_ice_servers[{index}]: 'client_only' must be true or false")
-        servers.append(IceServer(tuple(urls), username, credential, client_only))  # type: ignore[arg-type]
+        servers.append(IceServer(tuple(urls), username, credential, client_only))
     return servers
+
+
+def _optional_str(entry: Mapping[str, object], name: str, index: int) -> str | None:
+    """``entry[name]`` when it is a string, None when absent (or null); ValueError naming the entry otherwise."""
+    value = entry.get(name)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"whep_ice_servers[{index}]: '{name}' must be a string")
+    return value
 
 
 def rtc_configuration(servers: list[IceServer]) -> RTCConfiguration:

@@ -133,10 +133,13 @@ class SpeechTrack(MediaStreamTrack):
     # -- consumer side (aiortc's RTP sender) -------------------------------------------------------
 
     def _run_marks(self) -> None:
-        while self._items and isinstance(self._items[0], Mark):
-            mark = self._items.popleft()
+        while self._items:
+            mark = self._items[0]
+            if not isinstance(mark, Mark):
+                return
+            self._items.popleft()
             try:
-                mark.callback()  # type: ignore[union-attr]
+                mark.callback()
             except Exception:  # a failing listener must not stop the media
                 log.exception("track mark failed")
 
@@ -145,11 +148,12 @@ class SpeechTrack(MediaStreamTrack):
         if not self._items:
             return None
         frame = self._items.popleft()
+        assert not isinstance(frame, Mark)  # _run_marks ran every mark before it
         self._queued_frames -= 1
         if self._queued_frames <= self._low_water:
             self._space.set()
         self._run_marks()  # an utterance's end mark runs as its last frame leaves
-        return frame  # type: ignore[return-value]
+        return frame
 
     async def _next_timestamp(self) -> bool:
         """Wait until the next frame is due and set its timestamp; True when frames were skipped to get there."""

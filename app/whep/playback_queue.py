@@ -187,7 +187,7 @@ class PlaybackQueue:
                 utterance.state = "failed"
                 self._send(utterance, "error", **error_fields(error))
                 self._outcome("failed")
-                self.track.mark(lambda u=utterance: self._on_last_frame(u))
+                self.track.mark(functools.partial(self._on_last_frame, utterance))
                 return
         framer = FrameBuffer(FRAME_SAMPLES)
         started = False
@@ -201,7 +201,7 @@ class PlaybackQueue:
                 for frame in framer.push(event.pcm):
                     if not started:
                         started = True
-                        self.track.mark(lambda u=utterance: self._on_first_frame(u))
+                        self.track.mark(functools.partial(self._on_first_frame, utterance))
                     self._mark_words(utterance, words, before_frame=utterance.frames)
                     self.track.push(frame)
                     utterance.frames += 1
@@ -210,7 +210,7 @@ class PlaybackQueue:
             tail = framer.flush()
             if tail is not None:
                 if not started:
-                    self.track.mark(lambda u=utterance: self._on_first_frame(u))
+                    self.track.mark(functools.partial(self._on_first_frame, utterance))
                 self._mark_words(utterance, words, before_frame=utterance.frames)
                 self.track.push(tail)
                 utterance.frames += 1
@@ -221,7 +221,7 @@ class PlaybackQueue:
             self._outcome("failed")
         finally:
             self.track.expecting = False
-        self.track.mark(lambda u=utterance: self._on_last_frame(u))
+        self.track.mark(functools.partial(self._on_last_frame, utterance))
 
     def _mark_words(self, utterance: QueuedUtterance, words: deque[WordTiming], before_frame: int | None) -> None:
         """Marks for the words that start in the frame about to be queued (all of them when None)."""

@@ -112,10 +112,16 @@ class WhepResource:
         await pc.setLocalDescription(answer)
         # The sender's transport is settled now (bundling happens while the offer is applied; no renegotiation).
         sender = transceiver.sender
-        sender.setTransport(MarkerBitTransport(sender.transport, self.track, sender._ssrc))
+        marking = MarkerBitTransport(sender.transport, self.track, sender._ssrc)
+        sender.setTransport(marking)  # type: ignore[arg-type]  # a proxy that forwards to the RTCDtlsTransport
         if pc.iceGatheringState != "complete":  # aiortc gathers inside setLocalDescription; be sure anyway
             done = asyncio.Event()
-            pc.on("icegatheringstatechange", lambda: pc.iceGatheringState == "complete" and done.set())
+
+            def on_gathering_state() -> None:
+                if pc.iceGatheringState == "complete":
+                    done.set()
+
+            pc.on("icegatheringstatechange", on_gathering_state)
             if pc.iceGatheringState != "complete":
                 await asyncio.wait_for(done.wait(), timeout=10)
         return with_rtcp_mux_only(pc.localDescription.sdp)
@@ -139,7 +145,7 @@ class WhepResource:
                 log.debug("session %s: candidate discarded: %s", self.id, error)
         if fragment.end_of_candidates:
             try:
-                await self.pc.addIceCandidate(None)  # type: ignore[arg-type]
+                await self.pc.addIceCandidate(None)
             except Exception as error:
                 log.debug("session %s: end-of-candidates failed: %s", self.id, error)
 

@@ -129,8 +129,13 @@ class AvEncoder:
         self._sink = _Sink()
         # Ogg pages are otherwise a second long: flush one per 20 ms packet so audio streams.
         options = {"page_duration": "20000"} if fmt.container == "ogg" else {}
+        if fmt.codec is None:
+            raise ValueError(f"{fmt.name} has no PyAV codec")
         self._container = av.open(self._sink, mode="w", format=fmt.container, options=options)
-        self._stream = self._container.add_stream(fmt.codec, rate=sample_rate)
+        stream = self._container.add_stream(fmt.codec, rate=sample_rate)
+        if not isinstance(stream, av.AudioStream):
+            raise ValueError(f"{fmt.codec} is not an audio codec")
+        self._stream = stream
         self._stream.layout = "mono"
         if fmt.bit_rate:
             self._stream.bit_rate = fmt.bit_rate

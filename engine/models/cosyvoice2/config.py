@@ -37,7 +37,9 @@ class _HyperLoader(yaml.SafeLoader):
     pass
 
 
-def _construct_tagged(loader: _HyperLoader, tag_suffix: str, node: yaml.Node) -> Any:
+def _construct_tagged(
+    loader: _HyperLoader, tag_suffix: str, node: yaml.ScalarNode | yaml.SequenceNode | yaml.MappingNode
+) -> Any:
     # ``!new:pkg.Class`` / ``!name:pkg.func`` keep their arguments plus the target name, so the
     # caller can check which class a section describes; ``!apply:`` calls (seeding) are dropped.
     kind, _, target = tag_suffix.partition(":")
@@ -54,7 +56,7 @@ def _construct_tagged(loader: _HyperLoader, tag_suffix: str, node: yaml.Node) ->
     return value
 
 
-def _construct_ref(loader: _HyperLoader, node: yaml.Node) -> _Ref:
+def _construct_ref(loader: _HyperLoader, node: yaml.ScalarNode) -> _Ref:  # ``!ref <name>``: a scalar
     return _Ref(str(loader.construct_scalar(node)))
 
 

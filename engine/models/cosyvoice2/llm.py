@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,9 @@ from transformers import Qwen2Config, Qwen2Model
 
 from .config import LLMConfig
 from .sampling import new_generator, ras_sample
+
+if TYPE_CHECKING:
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 KV_BLOCK = 128
 """KV buffers grow in whole blocks of this many positions (amortised copies, few reallocations)."""
@@ -73,7 +77,8 @@ class Qwen2LM(nn.Module):
         self.backbone = Qwen2Model(backbone_config)
         c = backbone_config
         self.n_heads = c.num_attention_heads
-        self.n_kv_heads = c.num_key_value_heads
+        # Qwen2Config itself puts num_attention_heads in for a missing num_key_value_heads (no grouped queries).
+        self.n_kv_heads: int = c.num_attention_heads if c.num_key_value_heads is None else c.num_key_value_heads
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         if getattr(c, "use_sliding_window", False) and getattr(c, "sliding_window", None):
             # Released CosyVoice2 (Qwen2.5-0.5B) attends to the whole sequence; a windowed backbone would
@@ -175,7 +180,8 @@ class Qwen2LM(nn.Module):
         mask = self._allowed(past, n_new, total)
         cos, sin = self.backbone.rotary_emb(x, positions)
         cos, sin = cos[:, None], sin[:, None]  # [B, 1, N, hd]
-        for index, layer in enumerate(self.backbone.layers):
+        layers = cast("Sequence[Qwen2DecoderLayer]", self.backbone.layers)  # the ModuleList Qwen2Model builds
+        for index, layer in enumerate(layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q = attn.q_proj(h).view(batch, n_new, self.n_heads, self.head_dim).transpose(1, 2)

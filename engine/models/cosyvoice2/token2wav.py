@@ -109,10 +109,11 @@ class Token2Wav:
                     windows[i], cache_source=streams[i]._source_cache, generator=streams[i].generator
                 )
                 continue
-            caches = [streams[i]._source_cache for i in rows]
+            # A group's rows all have a source cache or none has (it is part of the key).
+            caches = [cache for i in rows if (cache := streams[i]._source_cache) is not None]
             speech, source = self.hift(
                 torch.cat([windows[i] for i in rows]),
-                cache_source=None if caches[0] is None else torch.cat(caches),  # type: ignore[arg-type]
+                cache_source=torch.cat(caches) if caches else None,
                 generator=[streams[i].generator for i in rows],
             )
             for j, i in enumerate(rows):

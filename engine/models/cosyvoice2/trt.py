@@ -78,13 +78,19 @@ class MaskedEstimator(nn.Module):
         return self.estimator.forward_masked(x, mu, t, spks, cond, lengths.long(), chunks.long())
 
 
+EstimatorInputs = tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
+]
+"""The masked call's inputs, in ``INPUT_NAMES`` order."""
+
+
 def example_inputs(
     estimator: CausalConditionalDecoder,
     batch: int = 2,
     frames: int = 120,
     device: torch.device | str = "cpu",
     seed: int = 0,
-) -> tuple[torch.Tensor, ...]:
+) -> EstimatorInputs:
     """Inputs of the estimator's masked call: two halves as CFG makes them (the second unconditioned),
     the first row streaming in chunks, the others with full attention and shorter valid lengths."""
     g = torch.Generator().manual_seed(seed)
@@ -101,7 +107,15 @@ def example_inputs(
     chunks = torch.tensor(
         [estimator.cfg.static_chunk_size if i % 2 == 0 else 0 for i in range(batch)], dtype=torch.int32
     )
-    return tuple(v.to(device) for v in (x, mu, t, spks, cond, lengths, chunks))
+    return (
+        x.to(device),
+        mu.to(device),
+        t.to(device),
+        spks.to(device),
+        cond.to(device),
+        lengths.to(device),
+        chunks.to(device),
+    )
 
 
 def export_onnx(estimator: CausalConditionalDecoder, path: str | Path, opset: int = ONNX_OPSET) -> Path:
@@ -237,6 +251,7 @@ def build_engine(onnx_path: Path, precision: str, profile: Profile, optimization
         config.builder_optimization_level = optimization_level
     shapes = builder.create_optimization_profile()
     mel = network.get_input(0).shape[1]
+    dims: list[tuple[int, ...]]  # each input's min, opt and max shape
     for name in INPUT_NAMES:
         if name in ("x", "mu", "cond"):
             dims = [

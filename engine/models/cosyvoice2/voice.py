@@ -201,10 +201,10 @@ class CosyVoice2Session(VoiceSession):
         if isinstance(step.payload, (PrefillJob, NextTokenJob)):
             lm_result: LMResult = result
             if isinstance(step.payload, PrefillJob):
-                segment = self.pending.popleft()
-                segment.lm = lm_result.stream
-                segment.t2w = self.runner.model.token2wav.stream(self.voice.flow_prompt, self.vocoder_generator)
-                self.current = segment
+                started = self.pending.popleft()
+                started.lm = lm_result.stream
+                started.t2w = self.runner.model.token2wav.stream(self.voice.flow_prompt, self.vocoder_generator)
+                self.current = started
             segment = self.current
             assert segment is not None and segment.t2w is not None
             if lm_result.token is not None:

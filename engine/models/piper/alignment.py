@@ -92,10 +92,10 @@ def token_of_phonemes(phonemes: Sequence[str], tokens: Sequence[Sequence[str]]) 
     labels: list[int] = [-1] * len(positions)
     if token_sounds and positions:
         sounds = [phonemes[i] for i in positions]
-        for tag, a_start, a_end, b_start, b_end in Levenshtein.opcodes(token_sounds, sounds):
-            if tag in ("equal", "replace"):
-                for offset in range(min(a_end - a_start, b_end - b_start)):
-                    labels[b_start + offset] = token_index[a_start + offset]
+        for op in Levenshtein.opcodes(token_sounds, sounds):
+            if op.tag in ("equal", "replace"):
+                for offset in range(min(op.src_end - op.src_start, op.dest_end - op.dest_start)):
+                    labels[op.dest_start + offset] = token_index[op.src_start + offset]
     _fill(labels, [word_of[i] for i in positions])
     result = [-1] * len(phonemes)
     for label, i in zip(labels, positions, strict=True):

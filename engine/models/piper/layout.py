@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -128,14 +129,14 @@ def _seconds(session: onnxruntime.InferenceSession, feeds: dict[str, np.ndarray]
     return time.perf_counter() - start
 
 
-def _two_d(attributes: dict[str, object]) -> dict[str, object]:
+def _two_d(attributes: dict[str, Any]) -> dict[str, Any]:
     """A 1-D convolution's attributes for the same convolution over [1, frames]."""
     converted = dict(attributes)
     for name in ("kernel_shape", "dilations", "strides", "output_padding", "output_shape"):
         if name in attributes:
             height = 0 if name == "output_padding" else 1
-            converted[name] = [height, *attributes[name]]  # type: ignore[misc]
+            converted[name] = [height, *attributes[name]]
     if "pads" in attributes:
-        begin, end = attributes["pads"]  # type: ignore[misc]
+        begin, end = attributes["pads"]
         converted["pads"] = [0, begin, 0, end]
     return converted
