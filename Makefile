@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 # A CPU build of torch that lies on these machines; a bare `torch` would pull a CUDA build of several GB.
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: run test venv test-deps browser whep-player bench clean
+.PHONY: run test lint venv test-deps browser whep-player bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +44,17 @@ $(WHEP_PLAYER)/node_modules/.package-lock.json: $(WHEP_PLAYER)/package-lock.json
 
 whep-player: $(WHEP_PLAYER)/node_modules/.package-lock.json
 
-test: test-deps browser whep-player
+# Ruff (format and lint) and mypy, as configured in pyproject.toml: a finding fails `make test` before any test runs.
+# mypy reads app/ and engine/ under their installed names through links in build/typecheck (see [tool.mypy]).
+LINTED := app engine testkit
+TYPECHECK := build/typecheck/rtvoice
+lint: test-deps
+	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/ruff check $(LINTED)
+	@mkdir -p $(TYPECHECK) && for part in app engine web; do ln -sfn ../../../$$part $(TYPECHECK)/$$part; done
+	$(VENV)/bin/mypy
+
+test: test-deps lint browser whep-player
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: test-deps

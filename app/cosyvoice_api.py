@@ -137,7 +137,9 @@ def _form_doc(
     return {"parameters": _query_parameters(form), "requestBody": {**body, "description": _GET_BODY}}
 
 
-_AUDIO_RESPONSES = {200: {"content": {FORMATS["wav"].content_type: {}, FORMATS["pcm"].content_type: {}}}}
+_AUDIO_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {FORMATS["wav"].content_type: {}, FORMATS["pcm"].content_type: {}}}
+}
 
 
 @router.get(

@@ -94,7 +94,7 @@ class BodyLimit:
                 return await receive()  # after the body: only the client's disconnect, whenever it comes
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 failure = BodyTimeout(self.timeout_s)
                 return {"type": "http.disconnect"}
             if message["type"] == "http.request":

@@ -65,7 +65,7 @@ def parse_faults(text: str) -> list[Fault]:
             raise ValueError(
                 f"RTVOICE_FAULT_INJECTION: {item!r} is not kind:marker or kind:marker:mode (mode {' or '.join(MODES)})"
             )
-        faults.append(Fault(kind.strip(), marker.strip(), mode.strip()))  # type: ignore[arg-type]
+        faults.append(Fault(kind.strip(), marker.strip(), mode.strip()))  # type: ignore[arg-type]  # one of MODES
     return faults
 
 
@@ -88,7 +88,7 @@ class FaultySession(VoiceSession):
         self.segment_texts: list[str] = []
 
     @property
-    def segments_done(self) -> int:  # type: ignore[override]
+    def segments_done(self) -> int:  # type: ignore[override]  # a read-only view of the wrapped session's count
         return self.inner.segments_done
 
     @property

@@ -51,12 +51,12 @@ class PlaybackClock:
                 self.first_audio_at = now
                 ttfa = now - self.owed_since
             self.runs_out_at = now
-        elif now > self.runs_out_at:  # type: ignore[operator]
-            late = now - self.runs_out_at  # type: ignore[operator]
+        elif now > self.runs_out_at:
+            late = now - self.runs_out_at
             self.late_chunks += 1
             self.stall_s += late
             self.runs_out_at = now
-        self.runs_out_at += duration_s  # type: ignore[operator]
+        self.runs_out_at += duration_s
         self.audio_s += duration_s
-        self.buffered_s = self.runs_out_at - now  # type: ignore[operator]
+        self.buffered_s = self.runs_out_at - now
         return Played(late, ttfa)

@@ -41,7 +41,8 @@ def _settle(future: asyncio.Future[BatchOutput], result: BatchOutput | None, err
     if error is not None:
         future.set_exception(error)
     else:
-        future.set_result(result)  # type: ignore[arg-type]
+        assert result is not None  # a call that raised nothing returned its output
+        future.set_result(result)
 
 
 class _Worker:

@@ -167,7 +167,7 @@ class WhepPlayer:
             self._event_arrived.clear()
             try:
                 await asyncio.wait_for(self._event_arrived.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def first_speech_after(self, t: float, threshold: float = SPEECH_RMS) -> Frame | None:

@@ -74,8 +74,8 @@ class Guard(grpc.aio.ServerInterceptor):
                     trailing += (("retry-after", str(error.retry_after_s)),)
                 await context.abort(code, error.message, trailing_metadata=trailing)
             except BaseException:
-                code = context.code() if hasattr(context, "code") else None
-                status = code.name if isinstance(code, grpc.StatusCode) else "CANCELLED"
+                ended = context.code() if hasattr(context, "code") else None
+                status = ended.name if isinstance(ended, grpc.StatusCode) else "CANCELLED"
                 raise
             finally:
                 if counted:

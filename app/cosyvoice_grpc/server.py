@@ -72,7 +72,9 @@ class CosyVoiceService(cosyvoice_pb2_grpc.CosyVoiceServicer):
             return
         try:
             async for pcm in stream.audio():
-                yield cosyvoice_pb2.Response(tts_audio=pcm.astype("<i2", copy=False).tobytes())
+                audio = pcm.astype("<i2", copy=False).tobytes()
+                # protobuf's builder makes the message classes at import; the generated module has no .pyi.
+                yield cosyvoice_pb2.Response(tts_audio=audio)  # type: ignore[attr-defined]
         except EngineError as error:  # the stream failed
             await self._abort(context, error)
         finally:

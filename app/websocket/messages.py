@@ -32,7 +32,7 @@ def message_type(body: Any) -> MessageType:
         raise InvalidRequest(
             f"unknown message type {kind!r}; valid types: {', '.join(MESSAGE_TYPES)}", code="unknown_type", param="type"
         )
-    return kind  # type: ignore[no-any-return]
+    return kind
 
 
 # -- client -> server -------------------------------------------------------------------------------
@@ -202,4 +202,4 @@ class ErrorEvent(ServerEvent):
 
     @classmethod
     def of(cls, error: EngineError, utterance: int | None = None) -> ErrorEvent:
-        return cls(**error_fields(error), utterance=utterance)  # type: ignore[arg-type]
+        return cls(**error_fields(error), utterance=utterance)

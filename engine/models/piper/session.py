@@ -116,7 +116,8 @@ class PiperSession(VoiceSession):
         segment = self.current
         action = v.planner.next(segment.progress, budget)
         if isinstance(action, DecodeChunk):
-            latent = segment.latent[:, action.lo : action.hi]  # type: ignore[index]
+            assert segment.latent is not None  # made when the segment was encoded
+            latent = segment.latent[:, action.lo : action.hi]
             return Step(
                 (DecodeJob.kind, v.info.id, action.size),
                 DecodeJob(latent, action.lo, action.end),
@@ -127,11 +128,11 @@ class PiperSession(VoiceSession):
             name: (value[:, action.lo : action.hi] if value.ndim == 2 else value)
             for name, value in segment.frame_inputs.items()
         }
-        job = FlowJob(inputs=inputs, keep_from=action.start - action.lo, keep_frames=action.end - action.start)
+        flow = FlowJob(inputs=inputs, keep_from=action.start - action.lo, keep_frames=action.end - action.start)
         then = v.planner.chunk(segment.progress, v.planner.chunk_end(segment.progress, v.geometry.first_chunk))
         return Step(
-            (job.kind, v.info.id, action.size // 32),
-            job,
+            (flow.kind, v.info.id, action.size // 32),
+            flow,
             self,
             size=action.size,
             until_audio=((DecodeJob.kind, then.size),),
@@ -153,23 +154,24 @@ class PiperSession(VoiceSession):
     def complete(self, step: PiperStep, result: Any) -> np.ndarray | None:
         payload = step.payload
         if isinstance(payload, EncodeJob):
-            segment = self.pending.popleft()
+            queued = self.pending.popleft()
             encoded: EncodedSegment = result
             if encoded.tokens is not None:
                 self.timings.append(SegmentTimings(self.segments_done, encoded.tokens))
             if encoded.frames == 0:
                 self.segments_done += 1
                 return None
-            self.current = segment
-            segment.frames = encoded.frames
-            segment.frame_inputs = {k: v for k, v in encoded.frame_inputs.items() if k in self.voice.graphs.flow.inputs}
-            channels = segment.frame_inputs[self.voice.graphs.prior_mean].shape[0]
-            segment.latent = np.empty((channels, encoded.frames), dtype=np.float32)
+            self.current = queued
+            queued.frames = encoded.frames
+            queued.frame_inputs = {k: v for k, v in encoded.frame_inputs.items() if k in self.voice.graphs.flow.inputs}
+            channels = queued.frame_inputs[self.voice.graphs.prior_mean].shape[0]
+            queued.latent = np.empty((channels, encoded.frames), dtype=np.float32)
             return None
         segment = self.current
         assert segment is not None
         if isinstance(payload, FlowJob):
-            segment.latent[:, segment.flowed : segment.flowed + payload.keep_frames] = result  # type: ignore[index]
+            assert segment.latent is not None  # made when the segment was encoded
+            segment.latent[:, segment.flowed : segment.flowed + payload.keep_frames] = result
             segment.flowed += payload.keep_frames
             return None
         hop = self.voice.hop

@@ -91,7 +91,7 @@ class PiperVoice(Voice):
         )
         self.hop = self.config.hop_length
         # piper-tts's own phonemiser (espeak-ng and friends); its ONNX session is ours, not its.
-        self.phonemizer = PiperPhonemizer(session=None, config=self.config)  # type: ignore[arg-type]
+        self.phonemizer = PiperPhonemizer(session=None, config=self.config)
 
         model_bytes = model_path.read_bytes()
         model = onnx.load_from_string(model_bytes)
@@ -307,7 +307,7 @@ class PiperVoice(Voice):
                 traced = phonemised[i][1]
                 tokens = None if traced is None else self._token_timings(jobs[i].text, traced, durations[row, 0])
                 results[i] = EncodedSegment(frames=frames, frame_inputs=frame_inputs, tokens=tokens)
-        return results  # type: ignore[return-value]
+        return [result for result in results if result is not None]  # every job's row was filled above
 
     def _flow(self, jobs: Sequence[FlowJob], flow: onnxruntime.InferenceSession) -> list[np.ndarray]:
         longest = max(job.inputs[self.graphs.frame_mask].shape[-1] for job in jobs)
