@@ -40,9 +40,8 @@ def base_url(host: str, port: int) -> str:
 
 async def _start_engine(engine: Engine, settings: Settings) -> None:
     await engine.start()
-    # What the start made (modules, voices, the phonemiser's tables) lives as long as the process: out of the
-    # collector's reach, so that its full collections, which hold the event loop and every call's return, scan only
-    # what requests make (on the embedded voice 30-90 ms per full collection before, a gap for listeners at the edge).
+    # What the start made lives as long as the process: frozen out of the collector's reach, its full collections
+    # (which hold the event loop) scan only what requests make (docs/decisions.md).
     gc.collect()
     gc.freeze()
     url = base_url(settings.host, settings.port)

@@ -25,14 +25,10 @@ RAMP_GROWTH = 1.5
 FIRST_CHUNK_SHARE_OF_ROUND = 0.5
 """Under load a first chunk covers this share of a round of the machine (the time it needs to serve every
 stream once at the largest chunk: load × that chunk), so a newcomer is soon past its start; idle, the first
-chunk stays at ``first_chunk_ms``. Measured with the scheduler tests' simulation: TTFA p95 at 80% load
-about 350 ms with it, 510 ms without, no change at half load."""
+chunk stays at ``first_chunk_ms`` (docs/decisions.md)."""
 STARTING_FLOW_CHUNKS = 2
 """Full-size chunks whose latent a starting stream's flow window covers. One is what its start needs; the second
-halves how often a stream that stays short of a round pays the flow's context (under full load most streams do, and
-one-chunk windows doubled the flow's cost per second of audio). Measured with ``bench.load`` against one chunk: 24
-listeners at once with model calls x2 made 5-9% more audio per second; 19 joining over 1 s, TTFA p95 no worse (550,
-525, 398, 453, 516 ms against 569, 493, 681, 602, 375)."""
+halves how often a stream that stays short of a round pays the flow's context (docs/decisions.md)."""
 
 
 LEAST_CHUNKS_KEPT = 8
