@@ -123,16 +123,9 @@ def output_rate(fmt: AudioFormat, voice_rate: int) -> int:
     return min((rate for rate in fmt.sample_rates if rate >= voice_rate), default=max(fmt.sample_rates))
 
 
-async def say_to_file(
-    text: str,
-    output: Path,
-    fmt: AudioFormat,
-    voice_name: str | None,
-    sample_rate: int | None,
-    speed: float,
-    seed: int | None,
-) -> None:
-    """Speak ``text`` into ``output`` in ``fmt`` with a voice of the settings' engine (what ``rtvoice say`` runs)."""
+async def say_to_file(request: SynthesisRequest, output: Path, fmt: AudioFormat) -> None:
+    """Speak ``request`` into ``output`` in ``fmt`` with a voice of the settings' engine (what ``rtvoice say`` runs);
+    without a sample rate, the voice's own or the next that ``fmt`` takes."""
     from rtvoice.app.streaming import audio_body
     from rtvoice.engine.audio.encoding import create_encoder
     from rtvoice.engine.engine import Engine
@@ -140,11 +133,8 @@ async def say_to_file(
     engine = Engine(_settings(warmup=False))
     await engine.start()
     try:
-        request = SynthesisRequest(
-            text=text, voice=voice_name, options=SynthesisOptions(speed=speed, seed=seed), sample_rate=sample_rate
-        )
         voice = engine.validate(request)
-        rate = sample_rate or output_rate(fmt, voice.sample_rate)
+        rate = request.sample_rate or output_rate(fmt, voice.sample_rate)
         stream = engine.open_stream(replace(request, sample_rate=rate))
         # Written beside the output and renamed at the end: a failure leaves no half-written file.
         handle, partial = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
@@ -182,7 +172,14 @@ def say(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     text = sys.stdin.read() if args.text == "-" else args.text
     logs.configure("warning")
     try:
-        asyncio.run(say_to_file(text, args.output, fmt, args.voice, args.sample_rate, args.speed, args.seed))
+        request = SynthesisRequest(
+            text=text,
+            voice=args.voice,
+            options=SynthesisOptions(speed=args.speed, seed=args.seed),
+            sample_rate=args.sample_rate,
+            normalize=not args.no_normalize,
+        )
+        asyncio.run(say_to_file(request, args.output, fmt))
     except EngineError as error:
         print(f"rtvoice: {error.message}", file=sys.stderr)
         sys.exit(2)
@@ -235,6 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     say_parser.add_argument("--speed", type=float, default=1.0, help=f"{MIN_SPEED} to {MAX_SPEED} (default: 1.0)")
     say_parser.add_argument("--seed", type=int, help="makes the voice's random draws reproducible (default: none)")
+    say_parser.add_argument(
+        "--no-normalize",
+        action="store_true",
+        help="read the text as written: no spoken forms for numbers, dates, units or abbreviations",
+    )
     say_parser.set_defaults(parser=say_parser)
     return parser
 

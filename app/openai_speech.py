@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rtvoice.app.fields import Speed
+from rtvoice.app.fields import Normalize, Speed
 from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.openapi import schema_ref
 from rtvoice.app.state import engine_of
@@ -37,6 +37,7 @@ class SpeechRequest(BaseModel):
     instructions: str | None = Field(None, description="Accepted; the embedded voice ignores it.")
     stream_format: Literal["audio", "sse"] = "audio"
     seed: int | None = Field(None, description="rtvoice extension: makes the voice's random draws reproducible.")
+    normalize: Normalize = True
 
     @field_validator("voice", mode="before")
     @classmethod
@@ -83,6 +84,7 @@ async def create_speech(request: Request) -> Response:
             voice=speech.voice,
             options=options,
             sample_rate=OPENAI_SAMPLE_RATE,
+            normalize=speech.normalize,
             names=FieldNames(text="input"),
         )
     )

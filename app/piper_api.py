@@ -13,7 +13,7 @@ used), and a speaker is chosen only on multi-speaker voices. Where rtvoice diffe
   noise scales from the voice's config (the engine's synthesis options have no noise knobs);
 - ``speaker``/``speaker_id`` are accepted; rtvoice's Piper voices speak with their default speaker;
 - a missing text is a 400 with rtvoice's error body (Piper's server fails with a 500);
-- extension: ``seed`` (reproducible output).
+- extensions: ``seed`` (reproducible output), ``normalize`` (false: the text is read as sent).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from rtvoice.app.fields import MAX_SPEED, MIN_SPEED
+from rtvoice.app.fields import MAX_SPEED, MIN_SPEED, Normalize
 from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.openapi import schema_ref
 from rtvoice.app.state import engine_of
@@ -50,6 +50,7 @@ class SynthesizeRequest(BaseModel):
     noise_scale: float | None = Field(None, ge=0, description="Accepted; the voice's own noise scale applies.")
     noise_w_scale: float | None = Field(None, ge=0, description="Accepted; the voice's own applies.")
     seed: int | None = Field(None, description="rtvoice extension: makes the voice's random draws reproducible.")
+    normalize: Normalize = True
 
 
 def speed_for(voice: VoiceInfo, length_scale: float | None) -> float:
@@ -87,7 +88,9 @@ async def synthesize(request: Request) -> Response:
     # As in Piper's server, a voice that is not there speaks with the default voice.
     voice = engine.voice_info(piper.voice, unknown_is_default=True)
     options = SynthesisOptions(speed=speed_for(voice, piper.length_scale), seed=piper.seed)
-    stream = engine.open_stream(SynthesisRequest(text=piper.text.strip(), voice=voice.id, options=options))
+    stream = engine.open_stream(
+        SynthesisRequest(text=piper.text.strip(), voice=voice.id, options=options, normalize=piper.normalize)
+    )
     return SpeechResponse(
         audio_body(stream, WavEncoder(stream.sample_rate)), media_type="audio/wav", headers=stream_headers(stream)
     )

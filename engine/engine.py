@@ -282,7 +282,7 @@ class Engine:
 
     def _open(self, voice: Voice, request: SynthesisRequest) -> SpeechStream:
         session = self._check_options(voice.open_session, request.options, request.names.speed)
-        segmenter = Segmenter.of(self.settings, voice.info.language)
+        segmenter = Segmenter.of(self.settings, voice.info.language, spoken=request.normalize)
         stream = SpeechStream(
             voice,
             session,

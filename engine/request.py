@@ -66,4 +66,7 @@ class SynthesisRequest:
     """The request's own voice (``voice`` is then ignored); opened with ``Engine.open_prompt_stream``."""
     trim_leading_silence: bool = False
     """Drop the voice's silence before its first sound (a live player would only hear it as delay)."""
+    normalize: bool = True
+    """Read numbers, money, dates, times, units and abbreviations in their spoken form; False reads the text as sent
+    (cleaned of control characters and extra blanks only)."""
     names: FieldNames = field(default_factory=FieldNames)

@@ -81,7 +81,9 @@ _CURRENCY = {
 _MONEY = re.compile(r"([$\u00a3\u20ac])\s?(\d[\d,]*)(?:\.(\d{1,2}))?\b")
 
 _SENTENCE_END = re.compile(r"([.!?]+[\"')\]]*|[\u3002\uff01\uff1f]+)(\s+|$)|\n\s*\n|\n")
-_CLAUSE_END = re.compile(r"[,;:\u3001\uff0c\uff1b](\s+|$)")
+# A clause ends at a mark and a blank, once what follows has come and is no digit: "Jan. 5, 2027" and "1, 000" stay
+# in one segment, so a date or number is read whole.
+_CLAUSE_END = re.compile(r"[,;:\u3001\uff0c\uff1b](\s+(?=[^\s\d])|$)")
 
 
 Span = tuple[int, int]
@@ -179,11 +181,12 @@ def normalize(text: str, language: str = "en") -> str:
     return normalize_mapped(text, language).text
 
 
-def normalize_mapped(text: str, language: str = "en") -> MappedText:
-    """``normalize`` that keeps, for each character it returns, where it came from in ``text``."""
+def normalize_mapped(text: str, language: str = "en", *, spoken: bool = True) -> MappedText:
+    """``normalize`` that keeps, for each character it returns, where it came from in ``text``; without ``spoken``
+    only unicode and blanks are cleaned (the text is read as sent)."""
     mapped = _nfc(text).translate(_TRANSLATE)
     mapped = mapped.sub(_CONTROL, " ").sub(_CRLF, "\n")
-    if english_rules(language):
+    if spoken and english_rules(language):
         mapped = mapped.sub(_LATIN_PATTERN, lambda m: _LATIN[m.group(1).lower()])
         mapped = mapped.sub(_NUMBER_ABBREVIATION, "number")
         mapped = mapped.sub(_ABBREVIATION, lambda m: _ENGLISH_ABBREVIATIONS[m.group(1).lower()])
@@ -244,12 +247,12 @@ class Segment:
     words: tuple[Word, ...]
 
 
-def make_segment(raw: str, offset: int, language: str) -> Segment:
+def make_segment(raw: str, offset: int, language: str, *, spoken: bool = True) -> Segment:
     """Normalise ``raw`` (which starts at ``offset`` in the client's text) and find its words.
 
     A word is a blank-separated token of the normalised text without its silent edges, mapped back to the
     client's text; tokens that one rewrite produced (``$100`` -> ``100 dollars``) are one word."""
-    mapped = normalize_mapped(raw, language)
+    mapped = normalize_mapped(raw, language, spoken=spoken)
     text = mapped.text.replace("\n", " ")
     words: list[Word] = []
     for start, end in spoken_tokens(text):
@@ -276,22 +279,36 @@ class Segmenter:
     Each segment's words carry their offsets in all the text pushed so far.
     """
 
-    def __init__(self, first_max_chars: int, max_chars: int, language: str = "en", first_clause_chars: int = 0) -> None:
+    def __init__(
+        self,
+        first_max_chars: int,
+        max_chars: int,
+        language: str = "en",
+        first_clause_chars: int = 0,
+        *,
+        spoken: bool = True,
+    ) -> None:
         self.first_max_chars = first_max_chars
         self.max_chars = max_chars
         self.first_clause_chars = first_clause_chars
         """The first segment also ends at its first clause boundary past this many characters (0: it does not)."""
         self.language = language
+        self.spoken = spoken
+        """Segments are normalised into their spoken form (``SynthesisRequest.normalize``)."""
         self.buffer = ""
         self.offset = 0
         """Where ``buffer`` starts in all the text pushed."""
         self.emitted = 0
 
     @classmethod
-    def of(cls, settings: EngineSettings, language: str = "en") -> Segmenter:
+    def of(cls, settings: EngineSettings, language: str = "en", *, spoken: bool = True) -> Segmenter:
         """The segmenter a stream of ``language`` gets under ``settings``."""
         return cls(
-            settings.first_segment_max_chars, settings.segment_max_chars, language, settings.first_segment_clause_chars
+            settings.first_segment_max_chars,
+            settings.segment_max_chars,
+            language,
+            settings.first_segment_clause_chars,
+            spoken=spoken,
         )
 
     @property
@@ -323,7 +340,7 @@ class Segmenter:
             head, offset = self.buffer[:cut], self.offset
             self._consume(cut)
             self._consume(len(self.buffer) - len(self.buffer.lstrip()))
-            segment = make_segment(head, offset, self.language)
+            segment = make_segment(head, offset, self.language, spoken=self.spoken)
             if self._is_speakable(segment.text):
                 segments.append(segment)
                 self.emitted += 1

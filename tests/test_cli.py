@@ -14,6 +14,8 @@ import pytest
 
 from rtvoice.app import cli
 from rtvoice.app.settings import Settings
+from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.request import SynthesisRequest
 from tests.audio import decode, parse_wav, rms, same_speech
 from tests.engine_output import synthesize
 
@@ -22,8 +24,14 @@ TEXT = "Hello from the command line."
 
 
 def rtvoice(*args: str, stdin: str | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rtvoice.app.cli", *args], cwd=cwd, input=stdin,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rtvoice.app.cli", *args],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def best_correlation(reference: np.ndarray, test: np.ndarray, max_lag: int) -> float:
@@ -34,7 +42,7 @@ def best_correlation(reference: np.ndarray, test: np.ndarray, max_lag: int) -> f
     best = -1.0
     for lag in range(max_lag + 1):
         n = min(len(reference), len(test) - lag)
-        a, b = reference[:n], test[lag:lag + n]
+        a, b = reference[:n], test[lag : lag + n]
         best = max(best, float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12)))
     return best
 
@@ -67,19 +75,24 @@ def test_say_with_a_seed_is_reproducible(tmp_path: Path) -> None:
     assert len(other) != len(samples) or not np.array_equal(other, samples)
 
 
-@pytest.mark.parametrize(("extension", "container", "codec", "rate"), [
-    (".mp3", "mp3", "mp3", 22050),
-    (".opus", "ogg", "opus", 48000),  # written at 24 kHz (Opus does not take 22050 Hz); Opus decodes at 48 kHz
-    (".ogg", "ogg", "opus", 48000),
-    (".flac", "flac", "flac", 22050),
-    (".aac", "aac", "aac", 22050),
-])
-def test_say_picks_the_format_from_the_extension(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                  extension: str, container: str, codec: str, rate: int) -> None:
+@pytest.mark.parametrize(
+    ("extension", "container", "codec", "rate"),
+    [
+        (".mp3", "mp3", "mp3", 22050),
+        (".opus", "ogg", "opus", 48000),  # written at 24 kHz (Opus does not take 22050 Hz); Opus decodes at 48 kHz
+        (".ogg", "ogg", "opus", 48000),
+        (".flac", "flac", "flac", 22050),
+        (".aac", "aac", "aac", 22050),
+    ],
+)
+def test_say_picks_the_format_from_the_extension(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extension: str, container: str, codec: str, rate: int
+) -> None:
     out = tmp_path / f"speech{extension}"
     fmt = cli.output_format(out)
     assert fmt is not None
-    asyncio.run(cli.say_to_file(TEXT, out, fmt, None, None, 1.0, 3))  # what `rtvoice say TEXT -o out --seed 3` runs
+    request = SynthesisRequest(text=TEXT, options=SynthesisOptions(seed=3))
+    asyncio.run(cli.say_to_file(request, out, fmt))  # what `rtvoice say TEXT -o out --seed 3` runs
     written_rate = 24000 if codec == "opus" else rate
     assert f"{fmt.name}, " in (printed := capsys.readouterr().out) and f"at {written_rate} Hz" in printed
     with av.open(str(out)) as probe:

@@ -188,3 +188,13 @@ def test_official_openai_client_passes_over_the_word_events(server: Server) -> N
     assert same_speech(np.frombuffer(audio, dtype="<i2"), synthesize(TEXT, seed=8, sample_rate=24000))
     words = [e for e in events if e["type"] == "speech.word"]
     assert words[0]["text"] == "Streaming" and words[0]["start_s"] < words[-1]["start_s"] < len(audio) / 2 / 24000
+
+
+def test_normalize_reads_the_spoken_form_and_false_reads_the_text_as_sent(server: Server) -> None:
+    written, spoken = "Bring snacks, e.g. apples.", "Bring snacks, for example apples."
+    normalized = np.frombuffer(speech(server, input=written, response_format="pcm", seed=5).content, dtype="<i2")
+    said = np.frombuffer(speech(server, input=spoken, response_format="pcm", seed=5).content, dtype="<i2")
+    as_sent = speech(server, input=written, response_format="pcm", seed=5, normalize=False)
+    assert as_sent.status_code == 200
+    assert same_speech(normalized, said)
+    assert not same_speech(np.frombuffer(as_sent.content, dtype="<i2"), said)

@@ -58,12 +58,19 @@ def test_first_segment_ends_at_its_first_clause_past_the_threshold() -> None:
         "Thanks for calling.")
 
 
-def test_first_clause_waits_for_the_blank_after_its_mark() -> None:
+def test_first_clause_waits_for_what_follows_its_mark() -> None:
     segmenter = Segmenter(90, 300, first_clause_chars=5)
     assert segmenter.push("It costs 1,") == []  # may still be 1,000
-    assert [piece.text for piece in segmenter.push("000 dollars, ")] == ["It costs 1,000 dollars,"]
-    assert [piece.text for piece in segmenter.push("or so they say, and")] == []  # later segments: sentences
-    assert [piece.text for piece in segmenter.flush()] == ["or so they say, and"]
+    assert segmenter.push("000 dollars, ") == []  # may still be "1,000 dollars, 50 cents"
+    assert [piece.text for piece in segmenter.push("or so they say, and")] == ["It costs 1,000 dollars,"]
+    assert [piece.text for piece in segmenter.flush()] == ["or so they say, and"]  # later segments: sentences
+
+
+def test_no_clause_cut_falls_inside_a_date_or_number() -> None:
+    segmenter = Segmenter(90, 300, first_clause_chars=5)
+    assert segmenter.push("We met on January 5, ") == []
+    assert segmenter.push("2027 at noon, ") == []
+    assert [piece.text for piece in segmenter.push("then left.")] == ["We met on January 5, 2027 at noon,"]
 
 
 def test_sentence_waits_for_what_follows_its_terminator() -> None:

@@ -2,8 +2,8 @@
 
 ``api_key``/``X-API-Key`` and ``cartesia_version``/``Cartesia-Version`` are accepted and not checked (rtvoice has no
 API keys); ``model_id``, ``language`` and the voice controls other than ``generation_config.speed`` are accepted and
-ignored. Extension: ``seed`` (reproducible output). A Cartesia voice id (a UUID) that names no rtvoice voice speaks
-with the default voice.
+ignored. Extensions: ``seed`` (reproducible output), ``normalize`` (false: the text is read as sent). A Cartesia
+voice id (a UUID) that names no rtvoice voice speaks with the default voice.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rtvoice.app.fields import Speed
+from rtvoice.app.fields import Normalize, Speed
 from rtvoice.engine.audio.encoding import Encoder, PcmEncoder, PcmF32Encoder, WavEncoder, create_encoder
 from rtvoice.engine.errors import InvalidRequest
 from rtvoice.engine.models.base import SynthesisOptions
@@ -62,6 +62,7 @@ class SpeechRequest(BaseModel):
     language: str | None = Field(None, description="Accepted; the voice decides the language.")
     generation_config: GenerationConfig = Field(default_factory=GenerationConfig)
     seed: int | None = Field(None, description="rtvoice extension: makes the voice's random draws reproducible.")
+    normalize: Normalize = True
 
 
 class GenerationRequest(SpeechRequest):
@@ -95,6 +96,7 @@ def synthesis_request(request: SpeechRequest, text: str | None) -> SynthesisRequ
         options=SynthesisOptions(speed=request.generation_config.speed or 1.0, seed=request.seed),
         sample_rate=request.output_format.sample_rate,
         unknown_voice_is_default=bool(voice and CARTESIA_VOICE_ID.match(voice)),
+        normalize=request.normalize,
         names=NAMES,
     )
 

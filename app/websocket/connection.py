@@ -81,6 +81,7 @@ class Connection:
         config = SynthesisRequest(
             voice=start.voice,
             options=SynthesisOptions(speed=start.speed, seed=start.seed),
+            normalize=start.normalize,
             sample_rate=start.sample_rate,
         )
         voice = self.engine.validate(config)

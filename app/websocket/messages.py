@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from rtvoice.app.errors import error_fields, invalid_value
-from rtvoice.app.fields import Speed
+from rtvoice.app.fields import Normalize, Speed
 from rtvoice.app.words import delivered, word_fields
 from rtvoice.engine.errors import EngineError, InvalidRequest
 from rtvoice.engine.words import WordTiming
@@ -57,6 +57,7 @@ class StartMessage(ClientMessage):
     encoding: str = Field("pcm_s16le", description="Binary frames' format: int16 little-endian mono PCM.")
     speed: Speed = 1.0
     seed: int | None = Field(None, description="Makes each utterance's random draws reproducible.")
+    normalize: Normalize = True
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> StartMessage:

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rtvoice.app.errors import invalid_value
-from rtvoice.app.fields import Speed
+from rtvoice.app.fields import Normalize, Speed
 from rtvoice.engine.errors import InvalidRequest
 
 
@@ -37,6 +37,7 @@ class SpeakRequest(BaseModel):
         description="The client's id for this utterance; the server makes one when omitted.",
     )
     speed: Speed = 1.0
+    normalize: Normalize = True
 
     voice_param: str = Field("voice", exclude=True)
     """Which field named the voice (``speaker_id`` or ``voice``), for error messages."""

@@ -118,6 +118,7 @@ class PlaybackQueue:
             text=request.text,
             voice=self.voice.id if request.voice is None else request.voice,
             options=SynthesisOptions(speed=request.speed),
+            normalize=request.normalize,
             sample_rate=SAMPLE_RATE,
             trim_leading_silence=True,  # the voice's silence before its first sound would only delay the player
             names=FieldNames(voice=request.voice_param),

@@ -190,6 +190,7 @@ async def delete_session(session: Session) -> Response:
                             "voice": {"type": "string"},
                             "request_id": {"type": "string"},
                             "speed": {"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED},
+                            "normalize": {"type": "boolean", "default": True},
                         },
                     }
                 }
