@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from rtvoice.engine.mapped_text import MappedText, Span
+from rtvoice.engine.spoken import is_abbreviation, spoken_form
 
 if TYPE_CHECKING:
     from rtvoice.engine.settings import EngineSettings
@@ -38,115 +40,13 @@ _TRANSLATE = str.maketrans(
     }
 )
 
-_ENGLISH_ABBREVIATIONS = {
-    "mr": "Mister",
-    "mrs": "Missus",
-    "ms": "Miz",
-    "dr": "Doctor",
-    "prof": "Professor",
-    "st": "Saint",
-    "jr": "Junior",
-    "sr": "Senior",
-    "vs": "versus",
-    "etc": "etcetera",
-    "approx": "approximately",
-    "dept": "department",
-    "mt": "Mount",
-    "no": "number",
-    "jan": "January",
-    "feb": "February",
-    "mar": "March",
-    "apr": "April",
-    "jun": "June",
-    "jul": "July",
-    "aug": "August",
-    "sep": "September",
-    "sept": "September",
-    "oct": "October",
-    "nov": "November",
-    "dec": "December",
-}
-# "No." is only an abbreviation before a number ("No. 5"); "etc." may end a sentence.
-_ABBREVIATION = re.compile(
-    r"\b(" + "|".join(k for k in _ENGLISH_ABBREVIATIONS if k != "no") + r")\.(?=\s|$)", re.IGNORECASE
-)
-_NUMBER_ABBREVIATION = re.compile(r"\bno\.(?=\s*\d)", re.IGNORECASE)
-_LATIN = {"e.g.": "for example", "i.e.": "that is", "a.m.": "A M", "p.m.": "P M"}
-_LATIN_PATTERN = re.compile(r"\b(" + "|".join(re.escape(k) for k in _LATIN) + r")(?=\W|$)", re.IGNORECASE)
-_CURRENCY = {
-    "$": ("dollar", "dollars", "cent", "cents"),
-    "\u00a3": ("pound", "pounds", "penny", "pence"),
-    "\u20ac": ("euro", "euros", "cent", "cents"),
-}
-_MONEY = re.compile(r"([$\u00a3\u20ac])\s?(\d[\d,]*)(?:\.(\d{1,2}))?\b")
+_NUMBER_RANGE = re.compile(r"(?<=\d)[^\S\n]?\u2013[^\S\n]?(?=\d)")
+"""An en dash between numbers is a range ("10\u201320", "ten to twenty"), not the pause it is elsewhere."""
 
 _SENTENCE_END = re.compile(r"([.!?]+[\"')\]]*|[\u3002\uff01\uff1f]+)(\s+|$)|\n\s*\n|\n")
 # A clause ends at a mark and a blank, once what follows has come and is no digit: "Jan. 5, 2027" and "1, 000" stay
 # in one segment, so a date or number is read whole.
 _CLAUSE_END = re.compile(r"[,;:\u3001\uff0c\uff1b](\s+(?=[^\s\d])|$)")
-
-
-Span = tuple[int, int]
-
-
-@dataclass(frozen=True)
-class MappedText:
-    """Text and, for each of its characters, the span ``[start, end)`` of the original text it came from.
-
-    Normalisation rewrites text (``$100`` -> ``100 dollars``); word timings must point at what the client sent, so
-    every rewrite keeps this map: copied characters keep their own span, replacements take the span of what they
-    replaced."""
-
-    text: str
-    spans: tuple[Span, ...]
-
-    @classmethod
-    def of(cls, text: str, offset: int = 0) -> MappedText:
-        return cls(text, tuple((offset + i, offset + i + 1) for i in range(len(text))))
-
-    def __len__(self) -> int:
-        return len(self.text)
-
-    def __getitem__(self, index: slice) -> MappedText:
-        return MappedText(self.text[index], self.spans[index])
-
-    def source(self, start: int, end: int) -> Span:
-        """The original span that characters ``[start, end)`` came from."""
-        if start >= end:
-            at = self.spans[start][0] if start < len(self.spans) else (self.spans[-1][1] if self.spans else 0)
-            return at, at
-        return min(s for s, _ in self.spans[start:end]), max(e for _, e in self.spans[start:end])
-
-    def sub(self, pattern: re.Pattern[str], replacement: str | Callable[[re.Match[str]], str]) -> MappedText:
-        """``pattern.sub`` that maps each replacement onto the span of the text it replaced."""
-        texts: list[str] = []
-        spans: list[Span] = []
-        last = 0
-        for match in pattern.finditer(self.text):
-            texts.append(self.text[last : match.start()])
-            spans.extend(self.spans[last : match.start()])
-            new = replacement if isinstance(replacement, str) else replacement(match)
-            texts.append(new)
-            spans.extend([self.source(match.start(), match.end())] * len(new))
-            last = match.end()
-        if not texts:
-            return self
-        texts.append(self.text[last:])
-        spans.extend(self.spans[last:])
-        return MappedText("".join(texts), tuple(spans))
-
-    def translate(self, table: dict[int, str]) -> MappedText:
-        texts: list[str] = []
-        spans: list[Span] = []
-        for char, span in zip(self.text, self.spans, strict=True):
-            new = table.get(ord(char), char)
-            texts.append(new)
-            spans.extend([span] * len(new))
-        return MappedText("".join(texts), tuple(spans))
-
-    def strip(self) -> MappedText:
-        start = len(self.text) - len(self.text.lstrip())
-        return self[start : start + len(self.text.strip())]
 
 
 def _nfc(text: str) -> MappedText:
@@ -171,39 +71,39 @@ def _nfc(text: str) -> MappedText:
 
 
 def english_rules(language: str) -> bool:
-    """English conventions (abbreviations, money) apply to English and to multilingual ("mul") voices."""
+    """English conventions (the spoken form of numbers, money, abbreviations...) apply to English and to
+    multilingual ("mul") voices."""
     language = language.lower()
     return language.startswith("en") or language == "mul"
 
 
-def normalize(text: str, language: str = "en") -> str:
-    """Clean ``text`` for a phonemiser: unicode, whitespace, and English conventions."""
-    return normalize_mapped(text, language).text
+def normalize(text: str, language: str = "en", *, spoken: bool = True) -> str:
+    """Clean ``text`` for a phonemiser: unicode, whitespace, and (``spoken``) its spoken form."""
+    return normalize_mapped(text, language, spoken=spoken).text
 
 
 def normalize_mapped(text: str, language: str = "en", *, spoken: bool = True) -> MappedText:
-    """``normalize`` that keeps, for each character it returns, where it came from in ``text``; without ``spoken``
-    only unicode and blanks are cleaned (the text is read as sent)."""
-    mapped = _nfc(text).translate(_TRANSLATE)
-    mapped = mapped.sub(_CONTROL, " ").sub(_CRLF, "\n")
-    if spoken and english_rules(language):
-        mapped = mapped.sub(_LATIN_PATTERN, lambda m: _LATIN[m.group(1).lower()])
-        mapped = mapped.sub(_NUMBER_ABBREVIATION, "number")
-        mapped = mapped.sub(_ABBREVIATION, lambda m: _ENGLISH_ABBREVIATIONS[m.group(1).lower()])
-        mapped = mapped.sub(_MONEY, _say_money)
-    # Blanks collapse within lines; lines lose the blanks at their ends; the text loses its blank lines at both ends.
+    """``normalize`` that keeps, for each character it returns, where it came from in ``text``.
+
+    ``spoken``: English (and "mul") text is rewritten as it is said (``engine/spoken.py``: "$5" -> "five dollars",
+    "Dr." -> "Doctor"); without it the text is only cleaned."""
+    mapped = _nfc(text)
+    rewrite = spoken and english_rules(language)
+    if rewrite:
+        mapped = mapped.sub(_NUMBER_RANGE, "-")
+    mapped = mapped.translate(_TRANSLATE).sub(_CONTROL, " ").sub(_CRLF, "\n")
+    mapped = _tidy(mapped)
+    if rewrite:
+        said = spoken_form(mapped, language)
+        if said is not mapped:
+            mapped = _tidy(said)
+    return mapped
+
+
+def _tidy(mapped: MappedText) -> MappedText:
+    """Blanks collapse within lines; lines lose the blanks at their ends; the text loses its blank lines at both
+    ends."""
     return mapped.sub(_SPACES, " ").sub(_AROUND_NEWLINE, "\n").strip()
-
-
-def _say_money(match: re.Match[str]) -> str:
-    one, many, sub_one, sub_many = _CURRENCY[match.group(1)]
-    whole = match.group(2).replace(",", "")
-    words = f"{whole} {one if whole == '1' else many}"
-    if match.group(3):
-        cents = int(match.group(3).ljust(2, "0"))
-        if cents:
-            words += f" {cents} {sub_one if cents == 1 else sub_many}"
-    return words
 
 
 def _split_point(sentence: str, max_chars: int) -> int:
@@ -236,7 +136,7 @@ class Word:
     """Character offset in all the text the client sent on this stream."""
     end: int
     spoken_start: int
-    """Character offset in the segment's normalised text (where ``100 dollars`` starts)."""
+    """Character offset in the segment's normalised text (where ``one hundred dollars`` starts)."""
     spoken_end: int
 
 
@@ -251,7 +151,7 @@ def make_segment(raw: str, offset: int, language: str, *, spoken: bool = True) -
     """Normalise ``raw`` (which starts at ``offset`` in the client's text) and find its words.
 
     A word is a blank-separated token of the normalised text without its silent edges, mapped back to the
-    client's text; tokens that one rewrite produced (``$100`` -> ``100 dollars``) are one word."""
+    client's text; tokens that one rewrite produced (``$100`` -> ``one hundred dollars``) are one word."""
     mapped = normalize_mapped(raw, language, spoken=spoken)
     text = mapped.text.replace("\n", " ")
     words: list[Word] = []
@@ -381,7 +281,7 @@ class Segmenter:
         token = word.group(1)
         if len(token) == 1 and token.isupper():
             return True  # an initial, as in "J. R. R. Tolkien"
-        return token.lower() in _ENGLISH_ABBREVIATIONS or f"{token.lower()}." in _LATIN
+        return is_abbreviation(token)
 
     @staticmethod
     def _is_speakable(text: str) -> bool:
@@ -397,5 +297,5 @@ def segment(
 
 
 def is_speakable(text: str) -> bool:
-    """True when ``text`` has anything a voice can say."""
-    return Segmenter._is_speakable(normalize(text))
+    """True when ``text`` has anything a voice can say (its spoken form says nothing more: no need to make it)."""
+    return Segmenter._is_speakable(normalize(text, spoken=False))

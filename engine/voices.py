@@ -8,6 +8,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rtvoice.engine import spoken
 from rtvoice.engine.errors import UnknownVoice
 from rtvoice.engine.faults import with_faults
 from rtvoice.engine.models.base import Voice, VoiceInfo
@@ -187,6 +188,9 @@ class VoiceRegistry:
             voice_started = time.perf_counter()
             voice.warmup()
             took.append(f"{voice.info.id} {time.perf_counter() - voice_started:.2f} s")
+        grammars_started = time.perf_counter()
+        spoken.prepare()  # wetext's grammars, so the first text with a number does not wait for them
+        took.append(f"text grammars {time.perf_counter() - grammars_started:.2f} s")
         log.info("warmed up the voices in %.2f s: %s", time.perf_counter() - started, ", ".join(took))
 
 

@@ -32,7 +32,7 @@ SENTENCES: list[tuple[str, str]] = [
     ),
     (
         "Prices rose 25% in 2023 & fell again.",
-        "prices|rose|twenty five percent|in|two thousand twenty three|and|fell|again",
+        "prices|rose|twenty five percent|in|twenty twenty three|and|fell|again",
     ),
     (
         "Please call me back before five o'clock tomorrow afternoon.",

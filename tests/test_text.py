@@ -10,9 +10,9 @@ LONG = ("When the committee finally gathered in the old library on a rainy Thurs
 def test_sentences_and_abbreviations() -> None:
     text = "Dr. Smith paid $3.50 on Jan. 5th! Version 3.5 is out. J. R. R. Tolkien wrote it, e.g. in 1937."
     assert segment(text, 90, 300) == [
-        "Doctor Smith paid 3 dollars 50 cents on January 5th!",
-        "Version 3.5 is out.",
-        "J. R. R. Tolkien wrote it, for example in 1937.",
+        "Doctor Smith paid three dollars and fifty cents on January fifth!",
+        "Version three point five is out.",
+        "J. R. R. Tolkien wrote it, for example in nineteen thirty seven.",
     ]
 
 
@@ -41,7 +41,7 @@ def test_fragments_give_the_same_segments_as_whole_text(first_clause_chars: int)
     pieces += [piece.text for piece in segmenter.flush()]
     assert pieces == segment(text, 90, 300, first_clause_chars=first_clause_chars)
     if first_clause_chars:
-        assert pieces[:2] == ["Well then, if you insist,", "I will pay 1,000 dollars."]
+        assert pieces[:2] == ["Well then, if you insist,", "I will pay one thousand dollars."]
 
 
 def test_first_segment_ends_at_its_first_clause_past_the_threshold() -> None:
@@ -62,7 +62,7 @@ def test_first_clause_waits_for_what_follows_its_mark() -> None:
     segmenter = Segmenter(90, 300, first_clause_chars=5)
     assert segmenter.push("It costs 1,") == []  # may still be 1,000
     assert segmenter.push("000 dollars, ") == []  # may still be "1,000 dollars, 50 cents"
-    assert [piece.text for piece in segmenter.push("or so they say, and")] == ["It costs 1,000 dollars,"]
+    assert [piece.text for piece in segmenter.push("or so they say, and")] == ["It costs one thousand dollars,"]
     assert [piece.text for piece in segmenter.flush()] == ["or so they say, and"]  # later segments: sentences
 
 
@@ -70,13 +70,13 @@ def test_no_clause_cut_falls_inside_a_date_or_number() -> None:
     segmenter = Segmenter(90, 300, first_clause_chars=5)
     assert segmenter.push("We met on January 5, ") == []
     assert segmenter.push("2027 at noon, ") == []
-    assert [piece.text for piece in segmenter.push("then left.")] == ["We met on January 5, 2027 at noon,"]
+    assert [piece.text for piece in segmenter.push("then left.")] == ["We met on January fifth, twenty twenty seven at noon,"]
 
 
 def test_sentence_waits_for_what_follows_its_terminator() -> None:
     segmenter = Segmenter(90, 300)
     assert segmenter.push("It costs 3.") == []
-    assert [piece.text for piece in segmenter.push("5 dollars. Then")] == ["It costs 3.5 dollars."]
+    assert [piece.text for piece in segmenter.push("5 dollars. Then")] == ["It costs three point five dollars."]
     assert [piece.text for piece in segmenter.flush()] == ["Then"]
 
 

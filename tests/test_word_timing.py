@@ -74,7 +74,7 @@ def test_words_map_back_to_what_the_client_wrote() -> None:
                                        "cafe\u0301s"]
     assert all(text[w.start:w.end] == w.text for w in words)
     money = words[3]
-    assert segments[0].text[money.spoken_start:money.spoken_end] == "100 dollars 50 cents"
+    assert segments[0].text[money.spoken_start:money.spoken_end] == "one hundred dollars and fifty cents"
 
 
 def test_fragments_give_the_same_words_with_offsets_in_the_whole_text() -> None:
