@@ -153,16 +153,29 @@ hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
 """
 
 QWEN_CONFIG = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu", "hidden_size": 896,
-    "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-    "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "sliding_window": None,
-    "use_sliding_window": False, "tie_word_embeddings": True, "vocab_size": 151936, "attention_dropout": 0.0,
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_act": "silu",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+    "sliding_window": None,
+    "use_sliding_window": False,
+    "tie_word_embeddings": True,
+    "vocab_size": 151936,
+    "attention_dropout": 0.0,
     "torch_dtype": "float32",
 }
 
 
 # -- model ----------------------------------------------------------------------------------------
+
 
 def build_released_model_dir(root: Path, seed: int = 0) -> Path:
     """A model directory with the released sizes and random weights (written as fp16 to halve the I/O)."""
@@ -184,7 +197,7 @@ def build_released_model_dir(root: Path, seed: int = 0) -> Path:
         llm = Qwen2LM(cfg.llm, Qwen2Config.from_json_file(str(qwen / "config.json")))
         state = {}
         for key, value in llm.state_dict().items():
-            key = "llm.model.model." + key[len("backbone."):] if key.startswith("backbone.") else key
+            key = "llm.model.model." + key[len("backbone.") :] if key.startswith("backbone.") else key
             state[key] = value.half()
         torch.save(state, root / "llm.pt")
         del llm, state
@@ -220,7 +233,8 @@ def bench_voice(service: Any, prompt_tokens: int, seed: int = 0) -> Any:
         embedding=torch.randn(1, service.model.config.flow.spk_embed_dim, generator=g),
         speech_tokens=torch.randint(0, 6561, (1, prompt_tokens), generator=g, dtype=torch.int32),
         speech_feat=torch.randn(1, 2 * prompt_tokens, mel_bins, generator=g) - 6,
-        prompt_text="A prompt.", prompt_text_ids=torch.tensor([list(b"A short prompt sentence.")], dtype=torch.int32),
+        prompt_text="A prompt.",
+        prompt_text_ids=torch.tensor([list(b"A short prompt sentence.")], dtype=torch.int32),
     )
     return service.make_voice("bench", features, name="bench", mode="zero_shot")
 
@@ -273,6 +287,7 @@ class Budget:
 
 # -- 1. LM steps ----------------------------------------------------------------------------------
 
+
 def lm_streams(service: Any, voice: Any, n: int, decode_steps: int) -> list[Any]:
     """``n`` streams, prefilled and ``decode_steps`` tokens in (so their caches have realistic lengths)."""
     from rtvoice.engine.models.cosyvoice2.frontend import ids_tensor
@@ -281,8 +296,12 @@ def lm_streams(service: Any, voice: Any, n: int, decode_steps: int) -> list[Any]
     streams = []
     for i in range(n):
         text = ids_tensor(service.frontend.text_ids(TEXT[: 40 + 3 * i]), service.device)
-        s = llm.start(text, voice.lm_prompt.text_ids, voice.lm_prompt.speech_tokens,
-                      generator=torch.Generator(device=service.device).manual_seed(i))
+        s = llm.start(
+            text,
+            voice.lm_prompt.text_ids,
+            voice.lm_prompt.speech_tokens,
+            generator=torch.Generator(device=service.device).manual_seed(i),
+        )
         streams.append(s)
     for s, logp in zip(streams, llm.forward_step(streams)):
         llm.choose(s, logp)
@@ -310,27 +329,41 @@ def bench_lm(service: Any, voice: Any, sizes: list[int], repeats: int, results: 
         u = timed(single, device, repeats)
         rows.append([n, b * 1e3, u * 1e3, b * 1e3 / n, u / b])
         results.setdefault("lm_decode", []).append({"streams": n, "batched_ms": b * 1e3, "single_ms": u * 1e3})
-    table("LM decode step: one batched call vs one call per stream",
-          ["streams", "batched ms", "one by one ms", "batched ms/stream", "speed-up"], rows)
+    table(
+        "LM decode step: one batched call vs one call per stream",
+        ["streams", "batched ms", "one by one ms", "batched ms/stream", "speed-up"],
+        rows,
+    )
 
     from rtvoice.engine.models.cosyvoice2.frontend import ids_tensor
 
     rows = []
     for n in sizes:
+
         def fresh() -> list[Any]:
-            return [llm.start(ids_tensor(service.frontend.text_ids(TEXT[: 40 + 3 * i]), device),
-                              voice.lm_prompt.text_ids, voice.lm_prompt.speech_tokens) for i in range(n)]
+            return [
+                llm.start(
+                    ids_tensor(service.frontend.text_ids(TEXT[: 40 + 3 * i]), device),
+                    voice.lm_prompt.text_ids,
+                    voice.lm_prompt.speech_tokens,
+                )
+                for i in range(n)
+            ]
 
         b = timed(lambda: llm.forward_step(fresh()), device, repeats)
         u = timed(lambda: [llm.forward_step([s]) for s in fresh()], device, repeats)
         rows.append([n, b * 1e3, u * 1e3, u / b])
         results.setdefault("lm_prefill", []).append({"streams": n, "batched_ms": b * 1e3, "single_ms": u * 1e3})
     length = fresh()[0].pending.shape[1]
-    table(f"LM prefill ({length}-position prompts, padded per call): one batched call vs one by one",
-          ["streams", "batched ms", "one by one ms", "speed-up"], rows)
+    table(
+        f"LM prefill ({length}-position prompts, padded per call): one batched call vs one by one",
+        ["streams", "batched ms", "one by one ms", "speed-up"],
+        rows,
+    )
 
 
 # -- 2. token2wav ---------------------------------------------------------------------------------
+
 
 def random_tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, 6561, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
@@ -354,13 +387,18 @@ def bench_token2wav_growth(service: Any, voice: Any, n_tokens: int, results: dic
         sync(device)
         seconds = time.perf_counter() - start
         audio_s = chunk.shape[1] / service.sample_rate
-        rows.append([upto, voice.flow_prompt.tokens.shape[1] + upto, audio_s, seconds * 1e3,
-                     seconds * 1e3 / max(audio_s, 1e-9)])
-    results["token2wav_growth"] = [dict(zip(["tokens", "flow_tokens", "audio_s", "ms", "ms_per_audio_s"], r))
-                                   for r in rows]
-    table(f"token2wav chunks along one {n_tokens}-token utterance (prompt {voice.flow_prompt.tokens.shape[1]} "
-          "tokens): the flow re-runs over the whole prefix",
-          ["tokens so far", "flow input tokens", "chunk audio s", "chunk ms", "ms per audio s"], rows)
+        rows.append(
+            [upto, voice.flow_prompt.tokens.shape[1] + upto, audio_s, seconds * 1e3, seconds * 1e3 / max(audio_s, 1e-9)]
+        )
+    results["token2wav_growth"] = [
+        dict(zip(["tokens", "flow_tokens", "audio_s", "ms", "ms_per_audio_s"], r)) for r in rows
+    ]
+    table(
+        f"token2wav chunks along one {n_tokens}-token utterance (prompt {voice.flow_prompt.tokens.shape[1]} "
+        "tokens): the flow re-runs over the whole prefix",
+        ["tokens so far", "flow input tokens", "chunk audio s", "chunk ms", "ms per audio s"],
+        rows,
+    )
 
 
 def bench_token2wav_batch(service: Any, voice: Any, sizes: list[int], repeats: int, results: dict[str, Any]) -> None:
@@ -401,14 +439,19 @@ def bench_token2wav_batch(service: Any, voice: Any, sizes: list[int], repeats: i
         u = timed(single, device, repeats)
         rows.append([n, b * 1e3, u * 1e3, u / b])
         results.setdefault("token2wav_batch", []).append({"streams": n, "batched_ms": b * 1e3, "single_ms": u * 1e3})
-    table("token2wav chunk (50-token hop) of N streams: one batched call vs one call per stream",
-          ["streams", "batched ms", "one by one ms", "speed-up"], rows)
+    table(
+        "token2wav chunk (50-token hop) of N streams: one batched call vs one call per stream",
+        ["streams", "batched ms", "one by one ms", "speed-up"],
+        rows,
+    )
 
 
 # -- 3. estimator ---------------------------------------------------------------------------------
 
-def bench_estimator(service: Any, sizes: list[int], frames: int, repeats: int, optimization_level: int | None,
-                    results: dict[str, Any]) -> Any:
+
+def bench_estimator(
+    service: Any, sizes: list[int], frames: int, repeats: int, optimization_level: int | None, results: dict[str, Any]
+) -> Any:
     """Returns the fp16 engine (None without TensorRT) for the engine section to reuse."""
     from rtvoice.engine.models.cosyvoice2 import trt
 
@@ -420,10 +463,17 @@ def bench_estimator(service: Any, sizes: list[int], frames: int, repeats: int, o
     if reason is None:
         start = time.perf_counter()
         try:
-            data, path, built = trt.load_or_build(estimator, trt.cache_dir(service.model_dir, None), "fp16",
-                                                  trt.Profile(max_batch=max(sizes)), device, optimization_level)
-            engine = trt.TrtEstimator(data, "fp16", trt.Profile(max_batch=max(sizes)), device, 2,
-                                      estimator.forward_masked)
+            data, path, built = trt.load_or_build(
+                estimator,
+                trt.cache_dir(service.model_dir, None),
+                "fp16",
+                trt.Profile(max_batch=max(sizes)),
+                device,
+                optimization_level,
+            )
+            engine = trt.TrtEstimator(
+                data, "fp16", trt.Profile(max_batch=max(sizes)), device, 2, estimator.forward_masked
+            )
             note = f"engine {path.name}, {'built' if built else 'cached'} in {time.perf_counter() - start:.0f} s"
         except Exception as error:  # report and go on with torch: the other sections still mean something
             reason = f"the fp16 engine failed after {time.perf_counter() - start:.0f} s: {error}"
@@ -444,13 +494,17 @@ def bench_estimator(service: Any, sizes: list[int], frames: int, repeats: int, o
                 row += ["-", "-", "-"]
         rows.append(row)
         results.setdefault("estimator", []).append(entry)
-    table(f"Flow estimator, one call at {frames} frames: torch vs TensorRT fp16"
-          + (f" ({note})" if note else f" (TensorRT skipped: {reason})"),
-          ["streams", "rows (CFG)", "torch ms", "TRT fp16 ms", "speed-up", "fp16 SNR dB"], rows)
+    table(
+        f"Flow estimator, one call at {frames} frames: torch vs TensorRT fp16"
+        + (f" ({note})" if note else f" (TensorRT skipped: {reason})"),
+        ["streams", "rows (CFG)", "torch ms", "TRT fp16 ms", "speed-up", "fp16 SNR dB"],
+        rows,
+    )
     return engine
 
 
 # -- 4. engine --------------------------------------------------------------------------------------
+
 
 async def run_level(service: Any, voice: Any, n: int, batched: bool, runner_threads: int) -> dict[str, Any]:
     from rtvoice.engine.engine import Engine
@@ -459,15 +513,23 @@ async def run_level(service: Any, voice: Any, n: int, batched: bool, runner_thre
 
     registry = VoiceRegistry([voice])
     registry.cosyvoice = service
-    settings = EngineSettings(warmup=False, runner_threads=runner_threads, max_batch_size=64 if batched else 1,
-                        max_active_streams=max(n, 1) if batched else 1, max_queued_streams=max(n, 1) + 8,
-                        max_buffered_audio_s=3600.0)
+    settings = EngineSettings(
+        warmup=False,
+        runner_threads=runner_threads,
+        max_batch_size=64 if batched else 1,
+        max_active_streams=max(n, 1) if batched else 1,
+        max_queued_streams=max(n, 1) + 8,
+        max_buffered_audio_s=3600.0,
+    )
     engine = Engine(settings, voices=registry)
     await engine.start()
     try:
+
         async def one(seed: int) -> tuple[float, float, int]:
             start = time.perf_counter()
-            stream = engine.open_stream(SynthesisRequest(text=TEXT, voice=voice.info.id, options=SynthesisOptions(seed=seed)))
+            stream = engine.open_stream(
+                SynthesisRequest(text=TEXT, voice=voice.info.id, options=SynthesisOptions(seed=seed))
+            )
             first = None
             samples = 0
             async for pcm in stream.audio():
@@ -485,8 +547,13 @@ async def run_level(service: Any, voice: Any, n: int, batched: bool, runner_thre
     firsts = sorted(d[0] for d in done)
     audio_s = sum(d[2] for d in done) / service.sample_rate
     return {
-        "streams": n, "mode": "batched" if batched else "one at a time", "first_p50_ms": 1e3 * pct(firsts, 50),
-        "first_p95_ms": 1e3 * pct(firsts, 95), "wall_s": wall, "audio_s": audio_s, "rtf": wall / audio_s,
+        "streams": n,
+        "mode": "batched" if batched else "one at a time",
+        "first_p50_ms": 1e3 * pct(firsts, 50),
+        "first_p95_ms": 1e3 * pct(firsts, 95),
+        "wall_s": wall,
+        "audio_s": audio_s,
+        "rtf": wall / audio_s,
         "mean_lm_batch": statistics.mean(sizes) if sizes else 0.0,
     }
 
@@ -499,8 +566,9 @@ def pct(values: list[float], q: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
-def bench_engine(service: Any, voice: Any, levels: list[int], runner_threads: int, budget: Budget,
-                 results: dict[str, Any]) -> None:
+def bench_engine(
+    service: Any, voice: Any, levels: list[int], runner_threads: int, budget: Budget, results: dict[str, Any]
+) -> None:
     rows = []
     single_s = None
     for n in levels:
@@ -514,14 +582,26 @@ def bench_engine(service: Any, voice: Any, levels: list[int], runner_threads: in
             if n == 1 and batched:
                 single_s = r["wall_s"]
             results.setdefault("engine", []).append(r)
-            rows.append([n, r["mode"], r["first_p50_ms"], r["first_p95_ms"], r["rtf"], r["audio_s"] / r["wall_s"],
-                         r["mean_lm_batch"]])
-    table("Engine: concurrent streams, each forced to the same tokens; first-chunk latency and aggregate RTF",
-          ["streams", "scheduler", "first chunk p50 ms", "p95 ms", "RTF (wall/audio)", "audio s per s",
-           "mean LM batch"], rows)
+            rows.append(
+                [
+                    n,
+                    r["mode"],
+                    r["first_p50_ms"],
+                    r["first_p95_ms"],
+                    r["rtf"],
+                    r["audio_s"] / r["wall_s"],
+                    r["mean_lm_batch"],
+                ]
+            )
+    table(
+        "Engine: concurrent streams, each forced to the same tokens; first-chunk latency and aggregate RTF",
+        ["streams", "scheduler", "first chunk p50 ms", "p95 ms", "RTF (wall/audio)", "audio s per s", "mean LM batch"],
+        rows,
+    )
 
 
 # -- main -----------------------------------------------------------------------------------------
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -543,8 +623,11 @@ def main(argv: list[str] | None = None) -> int:
 
     device_name = args.device or ("cpu" if args.tiny else "cuda")
     if device_name.startswith("cuda") and not torch.cuda.is_available():
-        print("error: CUDA is not available to torch (a CPU build, no GPU, or no driver). Run on a GPU machine "
-              "with a CUDA build of torch, or use --tiny (the CPU fixture) or --device cpu.", file=sys.stderr)
+        print(
+            "error: CUDA is not available to torch (a CPU build, no GPU, or no driver). Run on a GPU machine "
+            "with a CUDA build of torch, or use --tiny (the CPU fixture) or --device cpu.",
+            file=sys.stderr,
+        )
         return 2
     device = torch.device(device_name)
     torch.set_num_threads(max(1, args.threads))
@@ -565,11 +648,20 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = build_released_model_dir(Path(tmp.name) / "CosyVoice2-0.5B-random")
         print(f"released-size model with random weights written to {model_dir} in {time.perf_counter() - start:.0f} s")
     start = time.perf_counter()
-    service = CosyVoice2Service.load(model_dir, None, device=device_name, threads=args.threads, estimator="torch",
-                                     token2wav_batch=16, data_dir=Path(tempfile.gettempdir()) / "rtvoice-bench",
-                                     concurrent_calls=args.runner_threads)
-    print(f"loaded {model_dir} on {device} in {time.perf_counter() - start:.0f} s; torch {torch.__version__}"
-          + (f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""))
+    service = CosyVoice2Service.load(
+        model_dir,
+        None,
+        device=device_name,
+        threads=args.threads,
+        estimator="torch",
+        token2wav_batch=16,
+        data_dir=Path(tempfile.gettempdir()) / "rtvoice-bench",
+        concurrent_calls=args.runner_threads,
+    )
+    print(
+        f"loaded {model_dir} on {device} in {time.perf_counter() - start:.0f} s; torch {torch.__version__}"
+        + (f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
+    )
     force_tokens(service.model.llm, args.tokens)
     voice = bench_voice(service, args.prompt_tokens)
     results: dict[str, Any] = {"device": str(device), "model_dir": str(model_dir), "tokens": args.tokens}
@@ -593,8 +685,10 @@ def main(argv: list[str] | None = None) -> int:
                 # The scheduler's token2wav batches run on the fp16 engine built above (with the torch fp32
                 # re-run should a call come out non-finite), whatever its SNR on random weights.
                 cfm.accelerated, cfm.fp32_fallback = engine, cfm.estimator.forward_masked
-            print(f"\nengine runs: estimator on {'TensorRT fp16' if cfm.accelerated is not None else 'torch'}, "
-                  f"token2wav batches up to {service.token2wav_batch}, {args.runner_threads} runner threads")
+            print(
+                f"\nengine runs: estimator on {'TensorRT fp16' if cfm.accelerated is not None else 'torch'}, "
+                f"token2wav batches up to {service.token2wav_batch}, {args.runner_threads} runner threads"
+            )
             service.warmup()
             bench_engine(service, voice, levels, args.runner_threads, budget, results)
     finally:

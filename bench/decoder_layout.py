@@ -34,11 +34,14 @@ def main(repeats: int = 7) -> None:
     frames = g.first_chunk
     while True:
         size = voice.planner.chunk_size(frames)
-        feeds = {voice.graphs.latent: np.random.default_rng(frames).standard_normal((1, channels, size),
-                                                                                     dtype=np.float32)}
+        feeds = {
+            voice.graphs.latent: np.random.default_rng(frames).standard_normal((1, channels, size), dtype=np.float32)
+        }
         c = layout.compare(exported, two_d, feeds, repeats)
-        print(f"{frames:12d} {frames * g.frame_s * 1e3:8.0f} {c.exported_s * 1e3:11.1f} {c.two_d_s * 1e3:7.1f} "
-              f"{c.two_d_s / c.exported_s:6.2f} {c.difference:9.1e}")
+        print(
+            f"{frames:12d} {frames * g.frame_s * 1e3:8.0f} {c.exported_s * 1e3:11.1f} {c.two_d_s * 1e3:7.1f} "
+            f"{c.two_d_s / c.exported_s:6.2f} {c.difference:9.1e}"
+        )
         if frames >= 3 * g.max_chunk:
             break
         frames = min(3 * g.max_chunk, frames * 2)

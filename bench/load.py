@@ -106,8 +106,11 @@ class Target:
         if self.route == "sft":
             return client.stream("POST", f"{self.url}/inference_sft", data={"tts_text": text, "format": "pcm"})
         if self.route == "openai":
-            return client.stream("POST", f"{self.url}/v1/audio/speech",
-                                 json={"model": "tts-1", "input": text, "voice": "alloy", "response_format": "pcm"})
+            return client.stream(
+                "POST",
+                f"{self.url}/v1/audio/speech",
+                json={"model": "tts-1", "input": text, "voice": "alloy", "response_format": "pcm"},
+            )
         return client.stream("POST", f"{self.url}/synthesize", json={"text": text})
 
     def sample_rate(self, response: httpx.Response) -> int:
@@ -141,8 +144,16 @@ def joins_at(index: int, level: int, join_s: float) -> float:
     return join_s * index / level
 
 
-async def listen(target: Target, client: httpx.AsyncClient, index: int, level: int, utterances: int,
-                 listener: Listener, join_s: float, row_start: float) -> None:
+async def listen(
+    target: Target,
+    client: httpx.AsyncClient,
+    index: int,
+    level: int,
+    utterances: int,
+    listener: Listener,
+    join_s: float,
+    row_start: float,
+) -> None:
     await asyncio.sleep(joins_at(index, level, join_s))
     async with client:
         for n in range(utterances):
@@ -186,9 +197,17 @@ async def listen(target: Target, client: httpx.AsyncClient, index: int, level: i
                 listener.errors += 1
                 continue
             if runs_out_at is not None:
-                listener.utterances.append(Utterance(
-                    index, start - row_start, first_byte_at - row_start, listener.last_byte_at - row_start,
-                    runs_out_at - row_start, listener.audio_s - audio_before, gaps))
+                listener.utterances.append(
+                    Utterance(
+                        index,
+                        start - row_start,
+                        first_byte_at - row_start,
+                        listener.last_byte_at - row_start,
+                        runs_out_at - row_start,
+                        listener.audio_s - audio_before,
+                        gaps,
+                    )
+                )
                 await asyncio.sleep(max(0.0, runs_out_at - time.perf_counter()))  # play to the end
 
 
@@ -264,8 +283,7 @@ def bucket_percentile(before: dict[float, float], after: dict[float, float], q: 
     return min(bound for bound, count in moved.items() if count >= q * total)
 
 
-async def run_row(name: str, target: Target, server: Server | None, level: int, utterances: int,
-                  join_s: float) -> Row:
+async def run_row(name: str, target: Target, server: Server | None, level: int, utterances: int, join_s: float) -> Row:
     rtvoice = server is not None and target.route != "piper"
     waits_before = _queue_waits(server) if rtvoice else {}
     late_before = server.metric("rtvoice_late_chunks_total") if rtvoice else 0.0
@@ -275,8 +293,12 @@ async def run_row(name: str, target: Target, server: Server | None, level: int, 
     watcher = asyncio.create_task(_watch_queue(server, clients(1, 5)[0], stop))
     with collector_paused():
         start = time.perf_counter()
-        await asyncio.gather(*(listen(target, listener_clients[i], i, level, utterances, listeners[i], join_s, start)
-                               for i in range(level)))
+        await asyncio.gather(
+            *(
+                listen(target, listener_clients[i], i, level, utterances, listeners[i], join_s, start)
+                for i in range(level)
+            )
+        )
         wall = time.perf_counter() - start
     stop.set()
     ttfa = [t for listener in listeners for t in listener.ttfa_s]
@@ -313,16 +335,20 @@ def print_rows(title: str, rows: list[Row]) -> None:
     print(f"\n{title}")
     per_row = any(r.piper_per_s for r in rows)
     ref = f" {'P':>6} {'x P':>5}" if per_row else ""
-    print(f"{'row':24} {'listeners':>9} {'TTFA p50':>9} {'TTFA p95':>9} {'stalled':>8} {'stall s':>8} "
-          f"{'audio s/s':>9}{ref} {'made s/s':>8} {'playable':>8} {'errors':>6} {'503s':>5} {'queued':>6} "
-          f"{'wait p95':>8} {'late':>5} {'capacity':>8}")
+    print(
+        f"{'row':24} {'listeners':>9} {'TTFA p50':>9} {'TTFA p95':>9} {'stalled':>8} {'stall s':>8} "
+        f"{'audio s/s':>9}{ref} {'made s/s':>8} {'playable':>8} {'errors':>6} {'503s':>5} {'queued':>6} "
+        f"{'wait p95':>8} {'late':>5} {'capacity':>8}"
+    )
     for r in rows:
         ratio = f" {r.piper_per_s:6.2f} {r.audio_per_s / r.piper_per_s:5.2f}" if r.piper_per_s else ""
         capacity = f"{r.capacity:8.1f}" if r.capacity else f"{'-':>8}"
         late = f"{r.late_chunks:5d}" if r.late_chunks is not None else f"{'-':>5}"
-        print(f"{r.name:24} {r.listeners:9d} {r.ttfa_p50 * 1e3:7.0f}ms {r.ttfa_p95 * 1e3:7.0f}ms {r.stalled:8d} "
-              f"{r.stall_s:8.2f} {r.audio_per_s:9.2f}{ratio} {r.made_per_s:8.2f} {r.playable_per_s:8.2f} "
-              f"{r.errors:6d} {r.rejected:5d} {r.max_queued:6d} {wait_bound(r.queue_wait_p95):>8} {late} {capacity}")
+        print(
+            f"{r.name:24} {r.listeners:9d} {r.ttfa_p50 * 1e3:7.0f}ms {r.ttfa_p95 * 1e3:7.0f}ms {r.stalled:8d} "
+            f"{r.stall_s:8.2f} {r.audio_per_s:9.2f}{ratio} {r.made_per_s:8.2f} {r.playable_per_s:8.2f} "
+            f"{r.errors:6d} {r.rejected:5d} {r.max_queued:6d} {wait_bound(r.queue_wait_p95):>8} {late} {capacity}"
+        )
 
 
 def wait_bound(seconds: float | None) -> str:
@@ -340,8 +366,10 @@ def print_timeline(row: Row) -> None:
     print(f"{'listener':>8} {'asked':>7} {'TTFA':>8} {'last byte':>9} {'played':>7} {'audio':>6}  stalls (at: s)")
     for u in row.timeline:
         stalls = " ".join(f"{at:.2f}: {gap:.2f}" for at, gap in u.stalls)
-        print(f"{u.listener:8d} {u.asked_s:7.2f} {(u.first_byte_s - u.asked_s) * 1e3:6.0f}ms {u.last_byte_s:9.2f} "
-              f"{u.played_s:7.2f} {u.audio_s:6.2f}  {stalls}")
+        print(
+            f"{u.listener:8d} {u.asked_s:7.2f} {(u.first_byte_s - u.asked_s) * 1e3:6.0f}ms {u.last_byte_s:9.2f} "
+            f"{u.played_s:7.2f} {u.audio_s:6.2f}  {stalls}"
+        )
 
 
 # -- Piper's whole-WAV throughput -------------------------------------------------------------------
@@ -355,8 +383,9 @@ async def piper_throughput(url: str, count: int = PIPER_CLIENTS, requests_each: 
         nonlocal audio
         async with client:
             for n in range(requests_each):
-                response = await client.post(f"{url}/synthesize",
-                                             json={"text": UTTERANCES[(index + n) % len(UTTERANCES)]})
+                response = await client.post(
+                    f"{url}/synthesize", json={"text": UTTERANCES[(index + n) % len(UTTERANCES)]}
+                )
                 response.raise_for_status()
                 rate = int.from_bytes(response.content[24:28], "little")
                 audio += (len(response.content) - WAV_HEADER) / 2 / rate
@@ -387,8 +416,15 @@ def measure_piper() -> float | None:
 # -- the targets ------------------------------------------------------------------------------------
 
 
-def fresh_row(name: str, level: int, join_s: float, env: dict[str, str], route: str = "sft",
-              utterances: int = 2, piper_per_s: float | None = None) -> Row:
+def fresh_row(
+    name: str,
+    level: int,
+    join_s: float,
+    env: dict[str, str],
+    route: str = "sft",
+    utterances: int = 2,
+    piper_per_s: float | None = None,
+) -> Row:
     """One row on a freshly started rtvoice server (no state carried over from the row before), next to
     ``piper_per_s`` when P was measured for it."""
     server = start_rtvoice(env)
@@ -416,39 +452,62 @@ def targets(env: dict[str, str], utterances: int) -> None:
         piper = measure_piper()
         if piper is None:
             return
-        print(f"Piper's HTTP server, {PIPER_CLIENTS} clients asking for whole WAVs, before '{name}': "
-              f"P = {piper:.2f} audio s per s", flush=True)
-        rows.append(fresh_row(name, level_for(piper), join_s, env, route=route, utterances=utterances,
-                              piper_per_s=piper))
+        print(
+            f"Piper's HTTP server, {PIPER_CLIENTS} clients asking for whole WAVs, before '{name}': "
+            f"P = {piper:.2f} audio s per s",
+            flush=True,
+        )
+        rows.append(
+            fresh_row(name, level_for(piper), join_s, env, route=route, utterances=utterances, piper_per_s=piper)
+        )
     print_rows("rtvoice, each row next to P measured right before it", rows)
     scaled = {**env, "RTVOICE_MODEL_COST_SCALE": "2"}
     saturated = fresh_row("x2: 24 at once", 24, 0.0, scaled, utterances=utterances)
-    scaled_half = fresh_row("x2: half of C2", max(1, int(saturated.audio_per_s / 2)), 1.0, scaled,
-                            utterances=utterances)
+    scaled_half = fresh_row(
+        "x2: half of C2", max(1, int(saturated.audio_per_s / 2)), 1.0, scaled, utterances=utterances
+    )
     print_rows(f"rtvoice, model calls x2 (C2 = {saturated.audio_per_s:.2f})", [saturated, scaled_half])
 
     h, m, a, p, i = rows
     print("\ntargets (same run, each against the P measured right before its row):")
-    print(f"  half ({h.listeners}, P = {h.piper_per_s:.2f}): {h.stalled} stalled (0), TTFA p95 "
-          f"{h.ttfa_p95 * 1e3:.0f} ms (<= 250)")
-    print(f"  80% ({m.listeners}, P = {m.piper_per_s:.2f}): {m.stalled} stalled (0), TTFA p95 "
-          f"{m.ttfa_p95 * 1e3:.0f} ms (<= 500); queue wait p95 {wait_bound(m.queue_wait_p95)}")
+    print(
+        f"  half ({h.listeners}, P = {h.piper_per_s:.2f}): {h.stalled} stalled (0), TTFA p95 "
+        f"{h.ttfa_p95 * 1e3:.0f} ms (<= 250)"
+    )
+    print(
+        f"  80% ({m.listeners}, P = {m.piper_per_s:.2f}): {m.stalled} stalled (0), TTFA p95 "
+        f"{m.ttfa_p95 * 1e3:.0f} ms (<= 500); queue wait p95 {wait_bound(m.queue_wait_p95)}"
+    )
     piper = a.piper_per_s or math.nan  # (measured for every target row)
-    print(f"  24 at once (P = {piper:.2f}): {a.audio_per_s / piper:.2f} x P (>= 0.85); made to the last byte: "
-          f"{a.made_per_s / piper:.2f} x P; at most {a.playable_per_s / piper:.2f} x P can be played by these "
-          f"listeners (every byte there when asked)")
-    print(f"  past capacity ({p.listeners}, P = {p.piper_per_s:.2f}): {p.stalled} stalled (0); newcomers queued up "
-          f"to {p.max_queued}, {p.rejected} got 503")
+    print(
+        f"  24 at once (P = {piper:.2f}): {a.audio_per_s / piper:.2f} x P (>= 0.85); made to the last byte: "
+        f"{a.made_per_s / piper:.2f} x P; at most {a.playable_per_s / piper:.2f} x P can be played by these "
+        f"listeners (every byte there when asked)"
+    )
+    print(
+        f"  past capacity ({p.listeners}, P = {p.piper_per_s:.2f}): {p.stalled} stalled (0); newcomers queued up "
+        f"to {p.max_queued}, {p.rejected} got 503"
+    )
     print(f"  issue case: {i.stalled} stalled (0), TTFA p95 {i.ttfa_p95 * 1e3:.0f} ms")
-    print(f"  model calls x2: C2 = {saturated.audio_per_s:.2f}; {scaled_half.listeners} listeners: "
-          f"{scaled_half.stalled} stalled (0)")
+    print(
+        f"  model calls x2: C2 = {saturated.audio_per_s:.2f}; {scaled_half.listeners} listeners: "
+        f"{scaled_half.stalled} stalled (0)"
+    )
 
 
 # -- the sweep --------------------------------------------------------------------------------------
 
 
-def sweep(levels: list[int], env: dict[str, str], utterances: int, join_s: float, batching_off: bool,
-          with_piper: bool, route: str, timeline: bool = False) -> None:
+def sweep(
+    levels: list[int],
+    env: dict[str, str],
+    utterances: int,
+    join_s: float,
+    batching_off: bool,
+    with_piper: bool,
+    route: str,
+    timeline: bool = False,
+) -> None:
     runs = [("rtvoice", env)]
     if batching_off:
         runs.append(("rtvoice, batching off", {**env, "RTVOICE_MAX_BATCH_SIZE": "1"}))
@@ -457,8 +516,10 @@ def sweep(levels: list[int], env: dict[str, str], utterances: int, join_s: float
         try:
             target = Target(name, server.url, route)
             asyncio.run(run_row("warm-up", target, server, 2, 1, 0.0))
-            rows = [asyncio.run(run_row(f"{level} listeners", target, server, level, utterances, join_s))
-                    for level in levels]
+            rows = [
+                asyncio.run(run_row(f"{level} listeners", target, server, level, utterances, join_s))
+                for level in levels
+            ]
         finally:
             server.stop()
         print_rows(name, rows)
@@ -476,8 +537,9 @@ def sweep(levels: list[int], env: dict[str, str], utterances: int, join_s: float
         piper = start_piper_http(embedded_voice_path())
         try:
             target = Target("Piper HTTP server", piper.url, "piper")
-            rows = [asyncio.run(run_row(f"{level} listeners", target, None, level, utterances, join_s))
-                    for level in levels]
+            rows = [
+                asyncio.run(run_row(f"{level} listeners", target, None, level, utterances, join_s)) for level in levels
+            ]
         finally:
             piper.stop()
         print_rows("Piper's HTTP server (whole WAVs; TTFA is the whole synthesis)", rows)
@@ -490,19 +552,32 @@ def main() -> None:
     parser.add_argument("--join-seconds", type=float, default=1.0, help="sweep: listeners join over this time")
     parser.add_argument("--route", choices=["sft", "openai"], default="sft", help="sweep: the route listeners use")
     parser.add_argument("--env", nargs="*", default=[], help="extra RTVOICE_X=Y settings for every rtvoice server")
-    parser.add_argument("--batching-off", action="store_true",
-                        help="sweep: also with RTVOICE_MAX_BATCH_SIZE=1 (the same for the embedded Piper voice, whose "
-                        "steps run alone on a CPU; it tells for a voice that batches, e.g. a CosyVoice2 model made "
-                        "the default voice with --env)")
+    parser.add_argument(
+        "--batching-off",
+        action="store_true",
+        help="sweep: also with RTVOICE_MAX_BATCH_SIZE=1 (the same for the embedded Piper voice, whose "
+        "steps run alone on a CPU; it tells for a voice that batches, e.g. a CosyVoice2 model made "
+        "the default voice with --env)",
+    )
     parser.add_argument("--no-piper", action="store_true", help="sweep: leave Piper's HTTP server out")
-    parser.add_argument("--timeline", action="store_true",
-                        help="sweep: also each utterance's times (asked, first and last byte, end of playback) "
-                             "and its gaps")
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="sweep: also each utterance's times (asked, first and last byte, end of playback) and its gaps",
+    )
     args = parser.parse_args()
     env = dict(item.split("=", 1) for item in args.env)
     if args.levels:
-        sweep(args.levels, env, args.utterances, args.join_seconds, args.batching_off, not args.no_piper, args.route,
-              args.timeline)
+        sweep(
+            args.levels,
+            env,
+            args.utterances,
+            args.join_seconds,
+            args.batching_off,
+            not args.no_piper,
+            args.route,
+            args.timeline,
+        )
     else:
         targets(env, args.utterances)
 

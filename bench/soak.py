@@ -61,16 +61,20 @@ class Soak:
         self.tally = tally
 
     async def http_whole(self, client: httpx.AsyncClient) -> None:
-        response = await client.post(f"{self.url}/v1/audio/speech", headers=self.headers, json={
-            "model": "tts-1", "voice": "alloy", "input": random.choice(TEXTS), "response_format": "pcm"})
+        response = await client.post(
+            f"{self.url}/v1/audio/speech",
+            headers=self.headers,
+            json={"model": "tts-1", "voice": "alloy", "input": random.choice(TEXTS), "response_format": "pcm"},
+        )
         if response.status_code != 200 or len(response.content) < 4800:
             self.tally.error("http", f"{response.status_code} {len(response.content)} bytes")
         else:
             self.tally.done["http"] += 1
 
     async def http_dropped(self, client: httpx.AsyncClient) -> None:
-        async with client.stream("POST", f"{self.url}/inference_sft", headers=self.headers,
-                                 data={"tts_text": " ".join(TEXTS)}) as response:
+        async with client.stream(
+            "POST", f"{self.url}/inference_sft", headers=self.headers, data={"tts_text": " ".join(TEXTS)}
+        ) as response:
             if response.status_code != 200:
                 self.tally.error("http_dropped", response.status_code)
                 return
@@ -154,12 +158,18 @@ class Soak:
 def snapshot(url: str, headers: dict[str, str]) -> dict[str, Any]:
     process = httpx.get(f"{url}/debug/process", headers=headers, timeout=30).json()
     whep = httpx.get(f"{url}/debug/whep", headers=headers, timeout=30).json()
-    return {**process, "whep_sessions": whep["sessions"], "peer_connections": whep["peer_connections_alive"],
-            "whep_tasks": whep["session_tasks"], "at": time.monotonic()}
+    return {
+        **process,
+        "whep_sessions": whep["sessions"],
+        "peer_connections": whep["peer_connections_alive"],
+        "whep_tasks": whep["session_tasks"],
+        "at": time.monotonic(),
+    }
 
 
-async def sample(url: str, headers: dict[str, str], samples: list[dict[str, Any]], stop: asyncio.Event,
-                 every_s: float) -> None:
+async def sample(
+    url: str, headers: dict[str, str], samples: list[dict[str, Any]], stop: asyncio.Event, every_s: float
+) -> None:
     while not stop.is_set():
         samples.append(await asyncio.to_thread(snapshot, url, headers))
         try:
@@ -173,16 +183,22 @@ async def settle(url: str, headers: dict[str, str], baseline: dict[str, Any], ti
     deadline = time.monotonic() + timeout_s
     while True:
         now = await asyncio.to_thread(snapshot, url, headers)
-        quiet = (now["engine_active_streams"] == 0 and now["websockets"] == 0 and now["whep_sessions"] == 0
-                 and now["peer_connections"] == 0 and now["loop_tasks"] <= baseline["loop_tasks"]
-                 and now["open_fds"] <= baseline["open_fds"])
+        quiet = (
+            now["engine_active_streams"] == 0
+            and now["websockets"] == 0
+            and now["whep_sessions"] == 0
+            and now["peer_connections"] == 0
+            and now["loop_tasks"] <= baseline["loop_tasks"]
+            and now["open_fds"] <= baseline["open_fds"]
+        )
         if quiet or time.monotonic() > deadline:
             return now
         await asyncio.sleep(1)
 
 
-async def soak(url: str, api_key: str | None, minutes: float, clients: int, warmup_s: float, whep_share: float,
-               settle_s: float) -> dict[str, Any]:
+async def soak(
+    url: str, api_key: str | None, minutes: float, clients: int, warmup_s: float, whep_share: float, settle_s: float
+) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     baseline = snapshot(url, headers)
     tally = Tally()
@@ -199,14 +215,31 @@ async def soak(url: str, api_key: str | None, minutes: float, clients: int, warm
     warm = [s for s in samples if s["at"] >= started + warmup_s] or samples
     rss_warm, rss_end = warm[0]["rss_bytes"], after["rss_bytes"]
     return {
-        "minutes": minutes, "clients": clients, "completed": dict(tally.done), "errors": dict(tally.errors),
+        "minutes": minutes,
+        "clients": clients,
+        "completed": dict(tally.done),
+        "errors": dict(tally.errors),
         "error_examples": tally.examples,
-        "rss_mb": {"baseline": round(baseline["rss_bytes"] / 2**20, 1), "after_warmup": round(rss_warm / 2**20, 1),
-                   "end": round(rss_end / 2**20, 1), "max": round(max(s["rss_bytes"] for s in samples) / 2**20, 1),
-                   "growth_after_warmup_pct": round(100 * (rss_end - rss_warm) / rss_warm, 1)},
-        "back_to_baseline": {name: {"baseline": baseline[name], "end": after[name]}
-                             for name in ("open_fds", "loop_tasks", "threads", "websockets", "engine_active_streams",
-                                          "peer_connections", "whep_sessions", "whep_tasks")},
+        "rss_mb": {
+            "baseline": round(baseline["rss_bytes"] / 2**20, 1),
+            "after_warmup": round(rss_warm / 2**20, 1),
+            "end": round(rss_end / 2**20, 1),
+            "max": round(max(s["rss_bytes"] for s in samples) / 2**20, 1),
+            "growth_after_warmup_pct": round(100 * (rss_end - rss_warm) / rss_warm, 1),
+        },
+        "back_to_baseline": {
+            name: {"baseline": baseline[name], "end": after[name]}
+            for name in (
+                "open_fds",
+                "loop_tasks",
+                "threads",
+                "websockets",
+                "engine_active_streams",
+                "peer_connections",
+                "whep_sessions",
+                "whep_tasks",
+            )
+        },
     }
 
 
@@ -216,8 +249,12 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4, help="concurrent clients (the load)")
     parser.add_argument("--warmup-s", type=float, default=60.0, help="RSS growth is measured from here on")
     parser.add_argument("--whep-share", type=float, default=0.2, help="share of iterations that are WHEP sessions")
-    parser.add_argument("--settle-s", type=float, default=60.0,
-                        help="how long to wait after traffic for the server to return to its baseline")
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=60.0,
+        help="how long to wait after traffic for the server to return to its baseline",
+    )
     parser.add_argument("--url", help="a running server (default: start one on loopback)")
     parser.add_argument("--api-key", help="the key for a server with RTVOICE_API_KEYS")
     args = parser.parse_args()
@@ -228,8 +265,17 @@ def main() -> None:
         server = start_rtvoice({"RTVOICE_WHEP_IDLE_TIMEOUT_S": "10"})
         url = server.url
     try:
-        report = asyncio.run(soak(url, args.api_key, args.minutes, args.clients, min(args.warmup_s,
-                                  args.minutes * 30), args.whep_share, args.settle_s))
+        report = asyncio.run(
+            soak(
+                url,
+                args.api_key,
+                args.minutes,
+                args.clients,
+                min(args.warmup_s, args.minutes * 30),
+                args.whep_share,
+                args.settle_s,
+            )
+        )
     finally:
         if server is not None:
             server.stop()

@@ -140,13 +140,17 @@ def main() -> None:
         print(header)
         print("-" * len(header))
         for label, text in TEXTS.items():
-            results = {"rtvoice HTTP": time_rtvoice(rtvoice, text, args.runs),
-                       "piper API": time_piper_api(text, args.runs)}
+            results = {
+                "rtvoice HTTP": time_rtvoice(rtvoice, text, args.runs),
+                "piper API": time_piper_api(text, args.runs),
+            }
             if piper_http is not None:
                 results["piper HTTP"] = time_piper_http(piper_http, text, args.runs)
             for system, t in results.items():
-                print(f"{label:24} {system:18} {t.audio_s:8.2f} {t.ttfa_p50 * 1e3:7.1f}ms {t.ttfa_p95 * 1e3:7.1f}ms "
-                      f"{t.rtf:6.3f}")
+                print(
+                    f"{label:24} {system:18} {t.audio_s:8.2f} {t.ttfa_p50 * 1e3:7.1f}ms {t.ttfa_p95 * 1e3:7.1f}ms "
+                    f"{t.rtf:6.3f}"
+                )
             ours = results["rtvoice HTTP"]
             for system, t in results.items():
                 if system != "rtvoice HTTP":

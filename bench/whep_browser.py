@@ -50,8 +50,10 @@ from bench.whep_listeners import percentile
 from testkit.browser import launch_chromium, serve_whep_player
 
 TEXT = "Hello! How can I help you today?"
-LOAD_TEXT = ("Thanks for calling. Your order left our warehouse this morning, and it should arrive on Thursday "
-             "between nine and eleven.")
+LOAD_TEXT = (
+    "Thanks for calling. Your order left our warehouse this morning, and it should arrive on Thursday "
+    "between nine and eleven."
+)
 AUDIBLE_RMS = 0.01
 """The page's threshold (tests/whep_player/player.js): -40 dBFS over one 128-sample quantum."""
 PATHS = ("speak", "datachannel")
@@ -81,12 +83,13 @@ def first_frame_metric(url: str, source: str) -> tuple[float, float]:
 
 def voice_onset_ms(url: str, text: str) -> float:
     """Where the voice's first audible 128-sample quantum lies in its own 48 kHz audio for ``text``."""
-    response = httpx.post(f"{url}/inference_sft", data={"tts_text": text, "format": "pcm", "sample_rate": "48000"},
-                          timeout=60)
+    response = httpx.post(
+        f"{url}/inference_sft", data={"tts_text": text, "format": "pcm", "sample_rate": "48000"}, timeout=60
+    )
     response.raise_for_status()
     pcm = np.frombuffer(response.content, dtype=np.int16).astype(np.float32) / 32768
     blocks = pcm[: len(pcm) // 128 * 128].reshape(-1, 128)
-    loud = np.flatnonzero(np.sqrt((blocks ** 2).mean(axis=1)) > AUDIBLE_RMS)
+    loud = np.flatnonzero(np.sqrt((blocks**2).mean(axis=1)) > AUDIBLE_RMS)
     return float(loud[0] * 128 / 48) if len(loud) else float("nan")
 
 
@@ -119,6 +122,7 @@ class Series:
 def jitter_window(before: dict[str, Any] | None, onset: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
     """The receiver's jitter buffer over one utterance, from getStats() when the text left (None: no media yet),
     at its first audible frame and once it has played."""
+
     def delta(name: str, start: dict[str, Any] | None = before) -> float:
         return float((after.get(name) or 0) - ((start or {}).get(name) or 0))
 
@@ -143,8 +147,9 @@ class BackgroundLoad:
     def _run(self) -> None:
         with httpx.Client(timeout=120) as http:
             while not self._stop.is_set():
-                with http.stream("POST", f"{self.url}/inference_sft",
-                                 data={"tts_text": LOAD_TEXT, "format": "pcm"}) as response:
+                with http.stream(
+                    "POST", f"{self.url}/inference_sft", data={"tts_text": LOAD_TEXT, "format": "pcm"}
+                ) as response:
                     for _ in response.iter_bytes():
                         if self._stop.is_set():
                             break
@@ -160,16 +165,19 @@ class BackgroundLoad:
             thread.join(timeout=30)
 
 
-def one_session(browser: Any, page_url: str, url: str, via: str, text: str, settle_ms: int, play_at_text: bool,
-                utterances: int) -> list[Sample]:
+def one_session(
+    browser: Any, page_url: str, url: str, via: str, text: str, settle_ms: int, play_at_text: bool, utterances: int
+) -> list[Sample]:
     """One WHEP session from the player page: ``utterances`` sentences, one after the other."""
     context = browser.new_context()
     try:
         page = context.new_page()
         page.goto(page_url)
         page.wait_for_function("window.whepTestReady === true")
-        page.evaluate("(a) => whepTest.connect(a)",
-                      {"server": url, "datachannel": via == "datachannel", "playAtSpeak": play_at_text})
+        page.evaluate(
+            "(a) => whepTest.connect(a)",
+            {"server": url, "datachannel": via == "datachannel", "playAtSpeak": play_at_text},
+        )
         if settle_ms:
             page.wait_for_timeout(settle_ms)
         samples = []
@@ -179,8 +187,9 @@ def one_session(browser: Any, page_url: str, url: str, via: str, text: str, sett
             after = page.evaluate("() => whepTest.waitQuiet()")
             sum_after, count_after = first_frame_metric(url, via)
             server_ms = 1000 * (sum_after - sum_before) if count_after - count_before == 1 else None
-            samples.append(Sample(result["firstAudibleMs"], server_ms,
-                                  jitter_window(result["before"], result["at"], after)))
+            samples.append(
+                Sample(result["firstAudibleMs"], server_ms, jitter_window(result["before"], result["at"], after))
+            )
         page.evaluate("() => whepTest.close()")
         return samples
     finally:
@@ -202,8 +211,9 @@ def main() -> None:
     else:
         server = start_rtvoice()
         url = server.url
-    series = {(scenario, via, which): Series() for scenario in args.scenarios for via in PATHS
-              for which in ("first", "next")}
+    series = {
+        (scenario, via, which): Series() for scenario in args.scenarios for via in PATHS for which in ("first", "next")
+    }
     try:
         onset_ms = voice_onset_ms(url, args.text)
         with launch_chromium() as browser, serve_whep_player() as page_url, BackgroundLoad(url, args.load):
@@ -212,8 +222,9 @@ def main() -> None:
                 for scenario in args.scenarios:
                     settle_ms, play_at_text = SCENARIOS[scenario]
                     for via in PATHS:
-                        first, following = one_session(browser, page_url, url, via, args.text, settle_ms,
-                                                       play_at_text, 2)
+                        first, following = one_session(
+                            browser, page_url, url, via, args.text, settle_ms, play_at_text, 2
+                        )
                         series[(scenario, via, "first")].samples.append(first)
                         series[(scenario, via, "next")].samples.append(following)
                 print(f"run {run + 1}/{args.runs} done", flush=True)
@@ -221,21 +232,31 @@ def main() -> None:
         if server is not None:
             server.stop()
 
-    print(f"\n{args.runs} sessions per scenario and path, {args.load} background HTTP streams, {os.cpu_count()} CPUs "
-          f"shared by server, browser and load; text {args.text!r}. The voice's first audible quantum lies "
-          f"{onset_ms:.0f} ms into its own audio.")
-    print("ms from text sent, p50/p95. player: first audible WebAudio quantum; server: first frame handed to the RTP "
-          "sender (same requests); after: player - server.")
-    print(f"{'scenario':<13} {'path':<12} {'utterance':<9} {'player':>11} {'server':>11} {'after':>11} "
-          f"{'jb delay':>8} {'jb target':>9} {'removed':>8} {'inserted':>8} {'concealed':>9}")
+    print(
+        f"\n{args.runs} sessions per scenario and path, {args.load} background HTTP streams, {os.cpu_count()} CPUs "
+        f"shared by server, browser and load; text {args.text!r}. The voice's first audible quantum lies "
+        f"{onset_ms:.0f} ms into its own audio."
+    )
+    print(
+        "ms from text sent, p50/p95. player: first audible WebAudio quantum; server: first frame handed to the RTP "
+        "sender (same requests); after: player - server."
+    )
+    print(
+        f"{'scenario':<13} {'path':<12} {'utterance':<9} {'player':>11} {'server':>11} {'after':>11} "
+        f"{'jb delay':>8} {'jb target':>9} {'removed':>8} {'inserted':>8} {'concealed':>9}"
+    )
     for (scenario, via, which), s in series.items():
-        print(f"{scenario:<13} {via:<12} {which:<9} {s.figure(lambda x: x.player_ms)} "
-              f"{s.figure(lambda x: x.server_ms)} {s.figure(lambda x: x.after_ms)} "
-              f"{s.mean('delay_ms'):>8.0f} {s.mean('target_ms'):>9.0f} {s.mean('removed'):>8.0f} "
-              f"{s.mean('inserted'):>8.0f} {s.mean('speech_concealed'):>9.0f}")
-    print("jb delay/target: mean ms per emitted sample over the utterance (getStats); removed/inserted: samples "
-          "time-stretched away/in; concealed: samples concealed during the speech that were not silent (a stall or "
-          "late audio). Means per utterance.")
+        print(
+            f"{scenario:<13} {via:<12} {which:<9} {s.figure(lambda x: x.player_ms)} "
+            f"{s.figure(lambda x: x.server_ms)} {s.figure(lambda x: x.after_ms)} "
+            f"{s.mean('delay_ms'):>8.0f} {s.mean('target_ms'):>9.0f} {s.mean('removed'):>8.0f} "
+            f"{s.mean('inserted'):>8.0f} {s.mean('speech_concealed'):>9.0f}"
+        )
+    print(
+        "jb delay/target: mean ms per emitted sample over the utterance (getStats); removed/inserted: samples "
+        "time-stretched away/in; concealed: samples concealed during the speech that were not silent (a stall or "
+        "late audio). Means per utterance."
+    )
 
 
 if __name__ == "__main__":

@@ -85,8 +85,12 @@ class Level:
     @property
     def holds(self) -> bool:
         """No errors, no late frames, no arrival gaps, and under 1% of the audio made up of underrun silence."""
-        return (self.errors == 0 and self.late_frames == 0 and self.gaps == 0
-                and self.underrun_s <= UNDERRUN_TOLERANCE * self.audio_s)
+        return (
+            self.errors == 0
+            and self.late_frames == 0
+            and self.gaps == 0
+            and self.underrun_s <= UNDERRUN_TOLERANCE * self.audio_s
+        )
 
 
 def server_metrics(url: str) -> dict[str, float]:
@@ -114,7 +118,7 @@ async def run_level(url: str, pid: int, n: int, text: str, stagger_s: float) -> 
         players = [WhepPlayer(url, http=http) for _ in range(n)]
         try:
             for i in range(0, n, 8):
-                await asyncio.gather(*(p.start(timeout=30) for p in players[i:i + 8]))
+                await asyncio.gather(*(p.start(timeout=30) for p in players[i : i + 8]))
             for player in players:  # media starts with the first text: listen after one, between utterances
                 player.send({"type": "tts_request", "text": "Hello.", "request_id": "warm"})
             await asyncio.gather(*(p.event("done", "warm", timeout=60) for p in players))
@@ -130,8 +134,9 @@ async def run_level(url: str, pid: int, n: int, text: str, stagger_s: float) -> 
                 if stagger_s and i:
                     await asyncio.sleep(stagger_s / n)
                 sent.append(player.send({"type": "tts_request", "text": text, "request_id": "para"}))
-            results = await asyncio.gather(*(p.event("done", "para", timeout=120) for p in players),
-                                           return_exceptions=True)
+            results = await asyncio.gather(
+                *(p.event("done", "para", timeout=120) for p in players), return_exceptions=True
+            )
             cpu2, own2, wall2 = process_cpu_s(pid), own_cpu_s(), time.monotonic()
             after = server_metrics(url)
             await asyncio.sleep(0.3)
@@ -143,8 +148,9 @@ async def run_level(url: str, pid: int, n: int, text: str, stagger_s: float) -> 
                 frame = player.first_speech_after(t)
                 if frame is not None:
                     ttfa.append(frame.at - t)
-                start_event = next((e for e in player.events
-                                    if e.get("type") == "audio_start" and e.get("request_id") == "para"), None)
+                start_event = next(
+                    (e for e in player.events if e.get("type") == "audio_start" and e.get("request_id") == "para"), None
+                )
                 if start_event is not None:
                     server_ttfa.append(start_event["ttfa_ms"] / 1000)
                     speech_start = frame.at if frame is not None else t
@@ -176,8 +182,12 @@ def main() -> None:
     parser.add_argument("--url", help="an rtvoice server already running (default: start one)")
     parser.add_argument("--pid", type=int, help="its process id, for CPU figures (with --url)")
     parser.add_argument("--text", default=PARAGRAPH)
-    parser.add_argument("--stagger", type=float, default=0.0,
-                        help="spread the N requests over this many seconds (0: all at once, the worst case)")
+    parser.add_argument(
+        "--stagger",
+        type=float,
+        default=0.0,
+        help="spread the N requests over this many seconds (0: all at once, the worst case)",
+    )
     args = parser.parse_args()
 
     server: Server | None = None
@@ -188,11 +198,15 @@ def main() -> None:
     else:
         server = start_rtvoice({"RTVOICE_WHEP_MAX_SESSIONS": str(max(args.levels) + 8)})
         url, pid = server.url, server.process.pid
-    print(f"server {url} (pid {pid}), {os.cpu_count()} CPUs shared by server and players; "
-          f"requests {'all at once' if not args.stagger else f'spread over {args.stagger:g} s'}\n")
-    header = (f"{'N':>3} {'CPU/listener/audio-s':>21} {'idle CPU/listener-s':>20} {'players CPU/audio-s':>20} "
-              f"{'TTFA p50/p95 (player)':>22} {'TTFA p50/p95 (server)':>22} {'underrun s':>10} {'engine stall s':>14} "
-              f"{'late frames':>11} {'gaps':>5} {'errors':>6}")
+    print(
+        f"server {url} (pid {pid}), {os.cpu_count()} CPUs shared by server and players; "
+        f"requests {'all at once' if not args.stagger else f'spread over {args.stagger:g} s'}\n"
+    )
+    header = (
+        f"{'N':>3} {'CPU/listener/audio-s':>21} {'idle CPU/listener-s':>20} {'players CPU/audio-s':>20} "
+        f"{'TTFA p50/p95 (player)':>22} {'TTFA p50/p95 (server)':>22} {'underrun s':>10} {'engine stall s':>14} "
+        f"{'late frames':>11} {'gaps':>5} {'errors':>6}"
+    )
     print(header)
     levels: list[Level] = []
     try:
@@ -200,21 +214,25 @@ def main() -> None:
         for n in args.levels:
             level = asyncio.run(run_level(url, pid, n, args.text, args.stagger))
             levels.append(level)
-            print(f"{n:>3} {level.cpu_per_audio_s:>21.4f} {level.idle_cpu:>20.4f} "
-                  f"{level.client_cpu_per_audio_s:>20.4f} "
-                  f"{level.ttfa_p50 * 1000:>11.0f}/{level.ttfa_p95 * 1000:<4.0f} ms "
-                  f"{level.server_ttfa_p50 * 1000:>11.0f}/{level.server_ttfa_p95 * 1000:<4.0f} ms "
-                  f"{level.underrun_s:>10.2f} {level.engine_stall_s:>14.2f} {level.late_frames:>11.0f} "
-                  f"{level.gaps:>5} {level.errors:>6}",
-                  flush=True)
+            print(
+                f"{n:>3} {level.cpu_per_audio_s:>21.4f} {level.idle_cpu:>20.4f} "
+                f"{level.client_cpu_per_audio_s:>20.4f} "
+                f"{level.ttfa_p50 * 1000:>11.0f}/{level.ttfa_p95 * 1000:<4.0f} ms "
+                f"{level.server_ttfa_p50 * 1000:>11.0f}/{level.server_ttfa_p95 * 1000:<4.0f} ms "
+                f"{level.underrun_s:>10.2f} {level.engine_stall_s:>14.2f} {level.late_frames:>11.0f} "
+                f"{level.gaps:>5} {level.errors:>6}",
+                flush=True,
+            )
     finally:
         if server is not None:
             server.stop()
     held = [lv.listeners for lv in levels if lv.holds]
     if levels:
-        print(f"\nheld without stalls (no late frames, no gaps, underrun under {UNDERRUN_TOLERANCE:.0%} of the "
-              f"audio): {max(held) if held else 0} listeners, each speaking "
-              f"{levels[0].audio_s / levels[0].listeners:.1f} s of audio")
+        print(
+            f"\nheld without stalls (no late frames, no gaps, underrun under {UNDERRUN_TOLERANCE:.0%} of the "
+            f"audio): {max(held) if held else 0} listeners, each speaking "
+            f"{levels[0].audio_s / levels[0].listeners:.1f} s of audio"
+        )
 
 
 if __name__ == "__main__":

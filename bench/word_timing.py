@@ -84,15 +84,20 @@ def main() -> None:
             ref = [g - a for g, a in zip(guess, result.aligned_starts)]
             reference.setdefault(result.text, []).extend(abs(e) for e in ref)
             reference_errors.extend(ref)
-    print(f"word start error against PocketSphinx's forced alignment, {args.seeds} seeds "
-          "(mean absolute error, ms; reference: spread by characters)")
+    print(
+        f"word start error against PocketSphinx's forced alignment, {args.seeds} seeds "
+        "(mean absolute error, ms; reference: spread by characters)"
+    )
     for text, errors in per_sentence.items():
-        print(f"  {statistics.fmean(errors) * 1000:6.1f}   ref {statistics.fmean(reference[text]) * 1000:6.1f}   "
-              f"{text}")
+        print(
+            f"  {statistics.fmean(errors) * 1000:6.1f}   ref {statistics.fmean(reference[text]) * 1000:6.1f}   {text}"
+        )
     overall = statistics.fmean(abs(e) for e in all_errors) * 1000
-    print(f"  overall MAE {overall:.1f} ms (mean signed {statistics.fmean(all_errors) * 1000:+.1f} ms, "
-          f"max {max(abs(e) for e in all_errors) * 1000:.0f} ms, {len(all_errors)} words); "
-          f"reference MAE {statistics.fmean(abs(e) for e in reference_errors) * 1000:.1f} ms; target <= 80 ms")
+    print(
+        f"  overall MAE {overall:.1f} ms (mean signed {statistics.fmean(all_errors) * 1000:+.1f} ms, "
+        f"max {max(abs(e) for e in all_errors) * 1000:.0f} ms, {len(all_errors)} words); "
+        f"reference MAE {statistics.fmean(abs(e) for e in reference_errors) * 1000:.1f} ms; target <= 80 ms"
+    )
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ class Results:
 
 
 def token_messages(text: str, chars: int) -> list[str]:
-    return [text[i: i + chars] for i in range(0, len(text), chars)]
+    return [text[i : i + chars] for i in range(0, len(text), chars)]
 
 
 def sentence_messages(text: str) -> list[str]:
@@ -89,8 +89,9 @@ def completing_message(messages: list[str]) -> int:
     return len(messages)  # only the flush completes it
 
 
-async def send_paced(ws: websockets.ClientConnection, frames: list[dict[str, object]], interval_s: float,
-                     sent_at: list[float]) -> None:
+async def send_paced(
+    ws: websockets.ClientConnection, frames: list[dict[str, object]], interval_s: float, sent_at: list[float]
+) -> None:
     """The text frames ``interval_s`` apart, then the closing frame at once; notes when each left."""
     for index, frame in enumerate(frames):
         if index and interval_s and index < len(frames) - 1:
@@ -104,8 +105,14 @@ Reading = tuple[str, bytes, float | None]
 carries, and the server's own TTFA when it reports one."""
 
 
-async def utterance(ws: websockets.ClientConnection, frames: list[dict[str, object]], completing: int,
-                    interval_s: float, rate: int, read: Callable[[str | bytes], Reading]) -> Run:
+async def utterance(
+    ws: websockets.ClientConnection,
+    frames: list[dict[str, object]],
+    completing: int,
+    interval_s: float,
+    rate: int,
+    read: Callable[[str | bytes], Reading],
+) -> Run:
     """Send the frames (the last one closes the utterance) and receive until its ``done``."""
     sent_at: list[float] = []
     sender = asyncio.create_task(send_paced(ws, frames, interval_s, sent_at))
@@ -127,8 +134,13 @@ async def utterance(ws: websockets.ClientConnection, frames: list[dict[str, obje
     await sender
     end = time.perf_counter()
     assert first_audio is not None
-    return Run(ttfa_s=first_audio - sent_at[completing], server_ttfa_s=server_ttfa,
-               first_message_to_audio_s=first_audio - sent_at[0], audio_s=samples / rate, total_s=end - sent_at[0])
+    return Run(
+        ttfa_s=first_audio - sent_at[completing],
+        server_ttfa_s=server_ttfa,
+        first_message_to_audio_s=first_audio - sent_at[0],
+        audio_s=samples / rate,
+        total_s=end - sent_at[0],
+    )
 
 
 def read_rtvoice(message: str | bytes) -> Reading:
@@ -140,12 +152,12 @@ def read_rtvoice(message: str | bytes) -> Reading:
     return event["type"], b"", event["ttfa_ms"] / 1000 if event["type"] == "audio_start" else None
 
 
-async def one_utterance(ws: websockets.ClientConnection, messages: list[str], interval_s: float,
-                        rate: int) -> Run:
+async def one_utterance(ws: websockets.ClientConnection, messages: list[str], interval_s: float, rate: int) -> Run:
     """rtvoice's protocol: ``text`` messages, then ``flush``; until ``done``."""
     frames: list[dict[str, object]] = [{"type": "text", "text": message} for message in messages]
-    return await utterance(ws, [*frames, {"type": "flush"}], completing_message(messages), interval_s, rate,
-                           read_rtvoice)
+    return await utterance(
+        ws, [*frames, {"type": "flush"}], completing_message(messages), interval_s, rate, read_rtvoice
+    )
 
 
 CARTESIA_FORMAT = {"container": "raw", "encoding": "pcm_s16le"}
@@ -166,41 +178,60 @@ def cartesia_reader(context_id: str) -> Callable[[str | bytes], Reading]:
     return read
 
 
-async def cartesia_utterance(ws: websockets.ClientConnection, messages: list[str], interval_s: float, rate: int,
-                             buffer_delay_ms: int | None) -> Run:
+async def cartesia_utterance(
+    ws: websockets.ClientConnection, messages: list[str], interval_s: float, rate: int, buffer_delay_ms: int | None
+) -> Run:
     """Cartesia's protocol: one context, each message a transcript with ``continue: true``, then
     ``continue: false``; until ``done``."""
     context_id = f"bench-{next(_context_ids)}"
-    request: dict[str, object] = {"model_id": "sonic-3", "voice": {"mode": "id", "id": ""},
-                                  "context_id": context_id, "output_format": {**CARTESIA_FORMAT, "sample_rate": rate},
-                                  "add_timestamps": True}
+    request: dict[str, object] = {
+        "model_id": "sonic-3",
+        "voice": {"mode": "id", "id": ""},
+        "context_id": context_id,
+        "output_format": {**CARTESIA_FORMAT, "sample_rate": rate},
+        "add_timestamps": True,
+    }
     if buffer_delay_ms is not None:
         request["max_buffer_delay_ms"] = buffer_delay_ms
     frames = [{**request, "transcript": message, "continue": True} for message in messages]
     completing = 0 if buffer_delay_ms == 0 else completing_message(messages)
-    return await utterance(ws, [*frames, {**request, "transcript": "", "continue": False}], completing, interval_s,
-                           rate, cartesia_reader(context_id))
+    return await utterance(
+        ws,
+        [*frames, {**request, "transcript": "", "continue": False}],
+        completing,
+        interval_s,
+        rate,
+        cartesia_reader(context_id),
+    )
 
 
-async def measure(base_url: str, messages: list[str], interval_s: float, runs: int,
-                  cartesia_buffer_delay_ms: int | None) -> dict[str, Results]:
+async def measure(
+    base_url: str, messages: list[str], interval_s: float, runs: int, cartesia_buffer_delay_ms: int | None
+) -> dict[str, Results]:
     """Both protocols, one connection each, taking turns run by run."""
     results = {"/v1/tts/stream": Results(), "/tts/websocket": Results()}
-    async with websockets.connect(f"{base_url}/v1/tts/stream", max_size=None) as rtvoice_ws, \
-            websockets.connect(f"{base_url}/tts/websocket?cartesia_version=2025-04-16", max_size=None,
-                               additional_headers={"X-API-Key": "bench"}) as cartesia_ws:
+    async with (
+        websockets.connect(f"{base_url}/v1/tts/stream", max_size=None) as rtvoice_ws,
+        websockets.connect(
+            f"{base_url}/tts/websocket?cartesia_version=2025-04-16",
+            max_size=None,
+            additional_headers={"X-API-Key": "bench"},
+        ) as cartesia_ws,
+    ):
         await rtvoice_ws.send(json.dumps({"type": "start"}))
         rate = json.loads(await rtvoice_ws.recv())["sample_rate"]
         for index in range(runs + 2):
             # Which protocol goes first alternates, so neither always follows the other's tail of work.
             if index % 2:
-                cartesia_run = await cartesia_utterance(cartesia_ws, messages, interval_s, rate,
-                                                        cartesia_buffer_delay_ms)
+                cartesia_run = await cartesia_utterance(
+                    cartesia_ws, messages, interval_s, rate, cartesia_buffer_delay_ms
+                )
                 rtvoice_run = await one_utterance(rtvoice_ws, messages, interval_s, rate)
             else:
                 rtvoice_run = await one_utterance(rtvoice_ws, messages, interval_s, rate)
-                cartesia_run = await cartesia_utterance(cartesia_ws, messages, interval_s, rate,
-                                                        cartesia_buffer_delay_ms)
+                cartesia_run = await cartesia_utterance(
+                    cartesia_ws, messages, interval_s, rate, cartesia_buffer_delay_ms
+                )
             if index >= 2:  # the first two warm the connections and caches
                 results["/v1/tts/stream"].runs.append(rtvoice_run)
                 results["/tts/websocket"].runs.append(cartesia_run)
@@ -224,14 +255,19 @@ def main() -> None:
     server = start_rtvoice()
     base_url = server.url.replace("http://", "ws://")
     try:
-        header = (f"{'text':24} {'sent as':26} {'route':15} {'audio s':>8} {'TTFA p50':>9} {'TTFA p95':>9} "
-                  f"{'server p50':>10} {'server p95':>10} {'1st msg->audio p50':>18} {'p50 / ws p50':>12}")
+        header = (
+            f"{'text':24} {'sent as':26} {'route':15} {'audio s':>8} {'TTFA p50':>9} {'TTFA p95':>9} "
+            f"{'server p50':>10} {'server p95':>10} {'1st msg->audio p50':>18} {'p50 / ws p50':>12}"
+        )
         print(header)
         print("-" * len(header))
         for label, text in TEXTS.items():
             modes = {
-                f"tokens ({args.chars} ch / {args.interval_ms:g} ms)": (token_messages(text, args.chars),
-                                                                     args.interval_ms / 1000, None),
+                f"tokens ({args.chars} ch / {args.interval_ms:g} ms)": (
+                    token_messages(text, args.chars),
+                    args.interval_ms / 1000,
+                    None,
+                ),
                 "whole sentences": (sentence_messages(text), 0.0, 0),
             }
             for mode, (messages, interval_s, buffer_delay_ms) in modes.items():
@@ -242,11 +278,14 @@ def main() -> None:
                     server_ttfa = result.row("server_ttfa_s")
                     first = result.row("first_message_to_audio_s")
                     ratio = ttfa[0] / reference[0] if ttfa and reference else float("nan")
-                    print(f"{label:24} {mode:26} {route:15} {result.runs[-1].audio_s:8.2f} {_ms(ttfa, 0):>9} "
-                          f"{_ms(ttfa, 1):>9} {_ms(server_ttfa, 0):>10} {_ms(server_ttfa, 1):>10} "
-                          f"{_ms(first, 0):>18} {ratio:12.2f}")
+                    print(
+                        f"{label:24} {mode:26} {route:15} {result.runs[-1].audio_s:8.2f} {_ms(ttfa, 0):>9} "
+                        f"{_ms(ttfa, 1):>9} {_ms(server_ttfa, 0):>10} {_ms(server_ttfa, 1):>10} "
+                        f"{_ms(first, 0):>18} {ratio:12.2f}"
+                    )
     finally:
         server.stop()
+
 
 if __name__ == "__main__":
     main()

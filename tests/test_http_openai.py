@@ -190,8 +190,14 @@ def test_official_openai_client_passes_over_the_word_events(server: Server) -> N
     assert words[0]["text"] == "Streaming" and words[0]["start_s"] < words[-1]["start_s"] < len(audio) / 2 / 24000
 
 
-def test_normalize_reads_the_spoken_form_and_false_reads_the_text_as_sent(server: Server) -> None:
-    written, spoken = "Bring snacks, e.g. apples.", "Bring snacks, for example apples."
+@pytest.mark.parametrize("written,spoken", [
+    ("Bring snacks, e.g. apples.", "Bring snacks, for example apples."),
+    ("Dr. Smith paid $1,250.75.", "Doctor Smith paid one thousand two hundred fifty dollars and seventy five cents."),
+    ("Born 07/04/1990 at 18:20.", "Born July fourth, nineteen ninety at eighteen twenty."),
+])
+def test_normalize_reads_the_spoken_form_and_false_reads_the_text_as_sent(server: Server, written: str,
+                                                                        spoken: str) -> None:
+    """The voice hears the spoken form: the same speech, sample for sample, as the spoken form sent as text."""
     normalized = np.frombuffer(speech(server, input=written, response_format="pcm", seed=5).content, dtype="<i2")
     said = np.frombuffer(speech(server, input=spoken, response_format="pcm", seed=5).content, dtype="<i2")
     as_sent = speech(server, input=written, response_format="pcm", seed=5, normalize=False)

@@ -84,3 +84,10 @@ def test_normalize_and_speakable() -> None:
     assert normalize("\u201cHi\u201d \u2014 there\x07  now") == '"Hi" , there now'
     assert not is_speakable(" ...!? ")
     assert is_speakable("42")
+
+
+def test_a_number_split_across_pieces_is_read_whole() -> None:
+    segmenter = Segmenter(90, 300, first_clause_chars=5)
+    assert segmenter.push("It costs $1,2") == []
+    assert [piece.text for piece in segmenter.push("50.75, all told. ")] == [
+        "It costs one thousand two hundred fifty dollars and seventy five cents,", "all told."]
