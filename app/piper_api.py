@@ -18,8 +18,6 @@ used), and a speaker is chosen only on multi-speaker voices. Where rtvoice diffe
 
 from __future__ import annotations
 
-import logging
-
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,8 +31,6 @@ from rtvoice.engine.audio.encoding import WavEncoder
 from rtvoice.engine.errors import InvalidRequest
 from rtvoice.engine.models.base import SynthesisOptions, VoiceInfo
 from rtvoice.engine.request import SynthesisRequest
-
-log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["Piper"])
 

@@ -1,8 +1,8 @@
 """CosyVoice2's front end: text -> LM text ids, prompt audio -> speech tokens, speaker embedding and mel.
 
 Text: segments come from the engine's :class:`engine.text.Segmenter` (which already applied
-:func:`engine.text.normalize`); :func:`normalize_segment` adds what this model's LM expects on top
-(numbers spelled out in Latin-script text, light clean-up of Chinese text), then a
+:func:`engine.text.normalize`, spoken forms included); :func:`normalize_segment` adds what this model's LM expects on
+top (light clean-up of Chinese text), then a
 :class:`TextTokenizer` turns the segment into Qwen2 ids.
 
 Prompt audio (an uploaded file): decoded with PyAV, mixed down to mono, checked (length, level,
@@ -161,76 +161,6 @@ _BRACKETS = str.maketrans(
     }
 )
 _TRAILING_COMMAS = re.compile(r"[\uff0c,\u3001]+$")
-_NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(st|nd|rd|th)?(?![\w])")
-_PERCENT = re.compile(r"(?<=\d)\s?%")
-
-_ONES = (
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-    "sixteen seventeen eighteen nineteen"
-).split()
-_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
-_SCALES = ((10**12, "trillion"), (10**9, "billion"), (10**6, "million"), (10**3, "thousand"))
-_ORDINAL_WORDS = {
-    "one": "first",
-    "two": "second",
-    "three": "third",
-    "five": "fifth",
-    "eight": "eighth",
-    "nine": "ninth",
-    "twelve": "twelfth",
-}
-
-
-def _below_thousand(n: int) -> str:
-    words = []
-    if n >= 100:
-        words.append(f"{_ONES[n // 100]} hundred")
-        n %= 100
-    if n >= 20:
-        words.append(_TENS[n // 10] + (f"-{_ONES[n % 10]}" if n % 10 else ""))
-    elif n or not words:
-        words.append(_ONES[n])
-    return " ".join(words)
-
-
-def number_words(n: int) -> str:
-    """An integer in English words ("two thousand twenty-four"); digit by digit from 10^15 on."""
-    if n >= 10**15:
-        return " ".join(_ONES[int(d)] for d in str(n))
-    words = []
-    for scale, name in _SCALES:
-        if n >= scale:
-            words.append(f"{_below_thousand(n // scale)} {name}")
-            n %= scale
-    if n or not words:
-        words.append(_below_thousand(n))
-    return " ".join(words)
-
-
-def _ordinal(words: str) -> str:
-    head, _, last = words.rpartition(" ")
-    stem, dash, unit = last.rpartition("-")
-    target = unit if dash else last
-    if target in _ORDINAL_WORDS:
-        target = _ORDINAL_WORDS[target]
-    elif target.endswith("y"):
-        target = target[:-1] + "ieth"
-    else:
-        target += "th"
-    last = f"{stem}-{target}" if dash else target
-    return f"{head} {last}" if head else last
-
-
-def _say_number(match: re.Match[str]) -> str:
-    whole = int(match.group(1).replace(",", ""))
-    words = number_words(whole)
-    if match.group(3):
-        return _ordinal(words)
-    if match.group(2):
-        words += " point " + " ".join(_ONES[int(d)] for d in match.group(2)[1:])
-    return words
-
-
 def has_cjk(text: str) -> bool:
     return _CJK.search(text) is not None
 
@@ -240,8 +170,8 @@ def normalize_segment(text: str) -> str:
 
     Text with CosyVoice markup (``<|en|>``, ``<|endofprompt|>``) is left as it is, as the reference
     does. Chinese (or Japanese, Korean) text: blanks next to non-ASCII characters dropped, brackets
-    turned into commas or removed, a trailing comma becomes a full stop. Other text: numbers
-    ("42", "3.5", "1,000", "21st") and percent signs spelled out in English.
+    turned into commas or removed, a trailing comma becomes a full stop. Numbers, money and dates are the
+    segmenter's spoken form already (``engine/spoken.py``), or as sent where the request says ``normalize: false``.
     """
     text = text.strip()
     if _MARKUP.search(text):
@@ -249,8 +179,7 @@ def normalize_segment(text: str) -> str:
     if has_cjk(text):
         text = _BLANK_BETWEEN.sub("", text).translate(_BRACKETS)
         return _TRAILING_COMMAS.sub("\u3002", text.strip().lstrip("\uff0c,\u3001"))
-    text = _PERCENT.sub(" percent", text)
-    return _NUMBER.sub(_say_number, text)
+    return text
 
 
 # -- prompt audio ---------------------------------------------------------------------------------
