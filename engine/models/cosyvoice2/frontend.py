@@ -161,6 +161,8 @@ _BRACKETS = str.maketrans(
     }
 )
 _TRAILING_COMMAS = re.compile(r"[\uff0c,\u3001]+$")
+
+
 def has_cjk(text: str) -> bool:
     return _CJK.search(text) is not None
 
