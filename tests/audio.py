@@ -16,9 +16,17 @@ def parse_wav(data: bytes) -> tuple[dict[str, int], np.ndarray]:
     fmt_size, audio_format, channels, rate, byte_rate, block_align, bits = struct.unpack("<IHHIIHH", data[16:36])
     assert data[36:40] == b"data"
     (data_size,) = struct.unpack("<I", data[40:44])
-    header = {"riff_size": riff_size, "fmt_size": fmt_size, "format": audio_format, "channels": channels,
-              "sample_rate": rate, "byte_rate": byte_rate, "block_align": block_align, "bits": bits,
-              "data_size": data_size}
+    header = {
+        "riff_size": riff_size,
+        "fmt_size": fmt_size,
+        "format": audio_format,
+        "channels": channels,
+        "sample_rate": rate,
+        "byte_rate": byte_rate,
+        "block_align": block_align,
+        "bits": bits,
+        "data_size": data_size,
+    }
     return header, np.frombuffer(data[44:], dtype="<i2")
 
 

@@ -19,7 +19,6 @@ EMBEDDED_VOICE_RATE: int = json.loads(Path(f"{embedded_voice_path()}.json").read
 """The embedded voice's own rate, from its config: what routes answer at unless asked for another."""
 
 
-
 @functools.cache
 def default_voices() -> VoiceRegistry:
     """The default settings' voices, loaded once per test process: the in-process references share them (a voice's
@@ -32,16 +31,20 @@ def reference_engine() -> Engine:
     return Engine(EngineSettings(warmup=False), voices=default_voices())
 
 
-def synthesize(text: str, seed: int, sample_rate: int | None = None, voice: str | None = None,
-               speed: float = 1.0) -> np.ndarray:
+def synthesize(
+    text: str, seed: int, sample_rate: int | None = None, voice: str | None = None, speed: float = 1.0
+) -> np.ndarray:
     """int16 samples of ``text`` as the default engine streams them."""
 
     async def run() -> np.ndarray:
         engine = reference_engine()
         await engine.start()
         try:
-            stream = engine.open_stream(SynthesisRequest(text=text, voice=voice, sample_rate=sample_rate,
-                                                         options=SynthesisOptions(speed=speed, seed=seed)))
+            stream = engine.open_stream(
+                SynthesisRequest(
+                    text=text, voice=voice, sample_rate=sample_rate, options=SynthesisOptions(speed=speed, seed=seed)
+                )
+            )
             chunks = [pcm async for pcm in stream.audio()]
         finally:
             await engine.stop()

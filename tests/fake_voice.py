@@ -22,8 +22,17 @@ import numpy as np
 
 from rtvoice.engine.core import EngineCore
 from rtvoice.engine.metrics import Metrics
-from rtvoice.engine.models.base import (CostEstimate, StartCost, Step, StepBudget, StepPayload, SynthesisOptions, Voice,
-                                        VoiceInfo, VoiceSession)
+from rtvoice.engine.models.base import (
+    CostEstimate,
+    StartCost,
+    Step,
+    StepBudget,
+    StepPayload,
+    SynthesisOptions,
+    Voice,
+    VoiceInfo,
+    VoiceSession,
+)
 from rtvoice.engine.models.piper.plan import ChunkPlan, DecodeChunk, FlowWindow, Geometry, Planner, Progress
 from rtvoice.engine.runner import BatchOutput
 from rtvoice.engine.scheduler import Batch, Limits, Scheduler
@@ -42,8 +51,7 @@ class Costs:
     """Seconds of one call: ``fixed + per_unit × size`` per kind (sizes as Piper's steps count them)."""
 
     fixed: dict[str, float] = field(default_factory=lambda: {"encode": 0.004, "flow": 0.002, "decode": 0.003})
-    per_unit: dict[str, float] = field(default_factory=lambda: {"encode": 0.0004, "flow": 0.00012,
-                                                                  "decode": 0.0009})
+    per_unit: dict[str, float] = field(default_factory=lambda: {"encode": 0.0004, "flow": 0.00012, "decode": 0.0009})
     scale: float = 1.0
     squared: dict[str, float] = field(default_factory=dict)
     """Seconds per unit squared (Piper's encoder costs grow faster than its text: attention)."""
@@ -55,9 +63,12 @@ class Costs:
     @classmethod
     def piper_like(cls, scale: float = 1.0) -> Costs:
         """About what Piper's medium voice costs on one core of the machines this was written on."""
-        return cls(fixed={"encode": 0.005, "flow": 0.0005, "decode": 0.0005},
-                   per_unit={"encode": 0.0003, "flow": 0.000113, "decode": 0.00055},
-                   squared={"encode": 0.000001}, scale=scale)
+        return cls(
+            fixed={"encode": 0.005, "flow": 0.0005, "decode": 0.0005},
+            per_unit={"encode": 0.0003, "flow": 0.000113, "decode": 0.00055},
+            squared={"encode": 0.000001},
+            scale=scale,
+        )
 
 
 @dataclass
@@ -94,8 +105,13 @@ FakePayload = FakeEncode | FakeFlow | FakeDecode
 
 
 class FakeVoice(Voice):
-    def __init__(self, costs: Costs | None = None, plan: ChunkPlan = ChunkPlan(), voice_id: str = "fake",
-                 wide_kinds: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        costs: Costs | None = None,
+        plan: ChunkPlan = ChunkPlan(),
+        voice_id: str = "fake",
+        wide_kinds: frozenset[str] = frozenset(),
+    ) -> None:
         """``wide_kinds``: the kinds it says run sooner on every core (their simulated cost stays the same)."""
         self.info = VoiceInfo(id=voice_id, name=voice_id, language="en", sample_rate=SAMPLE_RATE, model="fake")
         self.costs = costs or Costs()
@@ -168,15 +184,27 @@ class FakeSession(VoiceSession):
             if not self.pending:
                 return None
             encode = FakeEncode(self.pending[0])
-            return Step((encode.kind,), encode, self, size=encode.size,
-                        until_audio=((FakeFlow.kind, planner.first_window_size()),
-                                     (FakeDecode.kind, planner.first_chunk_size())))
+            return Step(
+                (encode.kind,),
+                encode,
+                self,
+                size=encode.size,
+                until_audio=(
+                    (FakeFlow.kind, planner.first_window_size()),
+                    (FakeDecode.kind, planner.first_chunk_size()),
+                ),
+            )
         action = planner.next(self.progress, budget)
         if isinstance(action, DecodeChunk):
             return Step((action.kind, action.size), FakeDecode(action), self, size=action.size)
         then = planner.chunk(self.progress, planner.chunk_end(self.progress, self.voice.geometry.first_chunk))
-        return Step((action.kind, action.size), FakeFlow(action), self, size=action.size,
-                    until_audio=((FakeDecode.kind, then.size),))
+        return Step(
+            (action.kind, action.size),
+            FakeFlow(action),
+            self,
+            size=action.size,
+            until_audio=((FakeDecode.kind, then.size),),
+        )
 
     def remaining_audio_s(self) -> float | None:
         frames = sum(len(text) * FRAMES_PER_CHAR for text in self.pending)
@@ -233,8 +261,9 @@ class _Call:
 class Simulation:
     """The real scheduler on simulated time: calls take what the fake voice's costs say."""
 
-    def __init__(self, voice: FakeVoice, slots: int = 2, limits: Limits = Limits(), noise: float = 0.0,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, voice: FakeVoice, slots: int = 2, limits: Limits = Limits(), noise: float = 0.0, seed: int = 0
+    ) -> None:
         """``noise``: each call takes its cost times a log-normal factor of this spread (0: exactly its cost),
         drawn from a generator seeded with ``seed``, as on a machine shared with other work."""
         self.voice = voice
@@ -255,9 +284,15 @@ class Simulation:
 
     def open(self, text: str) -> SpeechStream:
         """A stream with all its text, admitted now (Overloaded past the queue, as in the engine)."""
-        stream = SpeechStream(self.voice, self.voice.open_session(SynthesisOptions()),
-                              Segmenter(90, 300, "en"), SAMPLE_RATE, wake=lambda: None, clock=self.clock,
-                              on_end=self.scheduler.stream_ended)
+        stream = SpeechStream(
+            self.voice,
+            self.voice.open_session(SynthesisOptions()),
+            Segmenter(90, 300, "en"),
+            SAMPLE_RATE,
+            wake=lambda: None,
+            clock=self.clock,
+            on_end=self.scheduler.stream_ended,
+        )
         stream.push_text(text)
         stream.close_input()
         self.scheduler.admit(stream)
@@ -284,8 +319,9 @@ class Simulation:
                 seconds = self.voice.call_s(batch.payloads)  # type: ignore[arg-type]
                 if self.noise:
                     seconds *= self._random.lognormvariate(0.0, self.noise)
-                heapq.heappush(self.calls, _Call(self.clock.now + seconds, next(self._order), batch,
-                                                 BatchOutput(results, seconds)))
+                heapq.heappush(
+                    self.calls, _Call(self.clock.now + seconds, next(self._order), batch, BatchOutput(results, seconds))
+                )
             next_call = self.calls[0].ends_at if self.calls else float("inf")
             next_arrival = self._arrivals[0][0] if self._arrivals else float("inf")
             if min(next_call, next_arrival) > until or (not self.calls and not self._arrivals):

@@ -28,14 +28,20 @@ def fuzz_openapi(base_url: str, max_examples: int, skip: tuple[str, ...] = ()) -
         if any(part in operation.label for part in skip):
             continue
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            @settings(max_examples=max_examples, deadline=None, database=None,
-                      suppress_health_check=list(HealthCheck))
+
+            @settings(max_examples=max_examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
             @given(operation.as_strategy(generation_mode=mode))
             def check(case: Any) -> None:
                 response = case.call(base_url=base_url, timeout=120)
                 statuses[response.status_code] += 1
-                assert response.status_code < 500, (operation.label, mode.value, case.query, case.body,
-                                                     response.status_code, response.text[:300])
+                assert response.status_code < 500, (
+                    operation.label,
+                    mode.value,
+                    case.query,
+                    case.body,
+                    response.status_code,
+                    response.text[:300],
+                )
 
             try:
                 check()

@@ -28,8 +28,10 @@ def keyed(start_server: Callable[..., Server], tmp_path_factory: pytest.TempPath
     log_file = tmp_path_factory.mktemp("keyed") / "server.log"
     from testkit.servers import start_rtvoice
 
-    server = start_rtvoice({"RTVOICE_API_KEYS": f"alice:{ALICE},{BOB}", "RTVOICE_KEY_MAX_STREAMS": "1",
-                            "RTVOICE_LOG_LEVEL": "info"}, log_file=log_file)
+    server = start_rtvoice(
+        {"RTVOICE_API_KEYS": f"alice:{ALICE},{BOB}", "RTVOICE_KEY_MAX_STREAMS": "1", "RTVOICE_LOG_LEVEL": "info"},
+        log_file=log_file,
+    )
     yield server, log_file
     server.stop()
 
@@ -60,8 +62,10 @@ def test_open_routes_need_no_key(keyed: tuple[Server, Path]) -> None:
     server, _ = keyed
     for path in ("/healthz", "/readyz", "/metrics", "/", "/web/app.js", "/docs", "/openapi.json"):
         assert httpx.get(f"{server.url}{path}").status_code == 200, path
-    preflight = httpx.options(f"{server.url}/v1/audio/speech", headers={
-        "Origin": "http://example.test", "Access-Control-Request-Method": "POST"})
+    preflight = httpx.options(
+        f"{server.url}/v1/audio/speech",
+        headers={"Origin": "http://example.test", "Access-Control-Request-Method": "POST"},
+    )
     assert preflight.status_code == 200
     # A 401 carries CORS headers, so the demo page (another origin too) can read it and ask for a key.
     denied = httpx.get(f"{server.url}/voices", headers={"Origin": "http://example.test"})
@@ -77,7 +81,8 @@ def test_the_openai_sdk_sends_its_key(keyed: tuple[Server, Path]) -> None:
     assert len(audio.content) > 10_000
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="sk-nope", max_retries=0).audio.speech.create(
-            model="tts-1", voice="alloy", input="Hi.")
+            model="tts-1", voice="alloy", input="Hi."
+        )
 
 
 def test_websocket_keys(keyed: tuple[Server, Path]) -> None:
@@ -92,8 +97,11 @@ def test_websocket_keys(keyed: tuple[Server, Path]) -> None:
             response = refused.value.response
             assert response.status_code == 401
             assert json.loads(response.body)["error"]["code"] in ("missing_api_key", "invalid_api_key")
-        for query, headers in ((f"?api_key={ALICE}", {}), ("", {"X-API-Key": BOB}),
-                               ("", {"Authorization": f"Bearer {ALICE}"})):
+        for query, headers in (
+            (f"?api_key={ALICE}", {}),
+            ("", {"X-API-Key": BOB}),
+            ("", {"Authorization": f"Bearer {ALICE}"}),
+        ):
             async with websockets.connect(ws_url + query, additional_headers=headers) as ws:
                 assert ws.response.headers["x-request-id"]
                 await ws.send(json.dumps({"type": "start"}))
@@ -199,11 +207,15 @@ def test_request_ids_and_the_access_line(keyed: tuple[Server, Path]) -> None:
     response = httpx.post(f"{server.url}/v1/audio/speech", json=SPEECH, headers=headers, timeout=60)
     assert response.status_code == 200 and response.headers["x-request-id"] == "client-id.42"
     for bad in (b"x" * 129, b"has space", "ünï".encode(), b"a\\b"):
-        made = httpx.get(f"{server.url}/voices", headers={"X-API-Key": ALICE, "X-Request-ID": bad}
-                         ).headers["x-request-id"]
+        made = httpx.get(f"{server.url}/voices", headers={"X-API-Key": ALICE, "X-Request-ID": bad}).headers[
+            "x-request-id"
+        ]
         assert made.startswith("req_") and len(made) == 36
-    error = httpx.post(f"{server.url}/v1/audio/speech", json={**SPEECH, "voice": "nobody"},
-                       headers={"X-API-Key": ALICE, "X-Request-ID": "bad-voice-1"}).json()["error"]
+    error = httpx.post(
+        f"{server.url}/v1/audio/speech",
+        json={**SPEECH, "voice": "nobody"},
+        headers={"X-API-Key": ALICE, "X-Request-ID": "bad-voice-1"},
+    ).json()["error"]
     assert error["request_id"] == "bad-voice-1"
 
     def line_for(request_id: str) -> str:
@@ -228,8 +240,9 @@ def test_request_ids_and_the_access_line(keyed: tuple[Server, Path]) -> None:
     assert '"WebSocket /v1/tts/stream?api_key=***&x=1" 101 route=/v1/tts/stream key=alice' in line_for("ws-7")
 
 
-def test_grpc_calls_take_the_same_keys_quotas_and_request_ids(start_server: Callable[..., Server],
-                                                               cosyvoice_stubs: object) -> None:
+def test_grpc_calls_take_the_same_keys_quotas_and_request_ids(
+    start_server: Callable[..., Server], cosyvoice_stubs: object
+) -> None:
     """CosyVoice's gRPC service: the key in metadata (``authorization`` or ``x-api-key``), UNAUTHENTICATED
     without it, RESOURCE_EXHAUSTED past the key's quota shared with HTTP, and the request id back."""
     grpc = pytest.importorskip("grpc")

@@ -118,8 +118,9 @@ async def run_pipeline(tts: Any, frames: list[Frame], rate: int, collector: Coll
     """``tts`` in a pipeline at ``rate``: the frames in, then EndFrame, which waits for the audio to finish.
     Returns the audio; checks that the spoken text came out as TTSTextFrames (what the LLM context keeps)."""
     collector = collector or Collector()
-    worker = PipelineWorker(Pipeline([tts, collector]), params=PipelineParams(audio_out_sample_rate=rate),
-                            enable_rtvi=False)
+    worker = PipelineWorker(
+        Pipeline([tts, collector]), params=PipelineParams(audio_out_sample_rate=rate), enable_rtvi=False
+    )
     await worker.queue_frames([*frames, EndFrame()])
     runner = WorkerRunner(handle_sigint=False)
     await runner.add_workers(worker)
@@ -155,8 +156,12 @@ def test_pipecat_cartesia_tts_service(server: Server, reference_s: float, mode: 
     """Sentences with max_buffer_delay_ms 0, or the LLM's tokens as they come with Cartesia's buffering. The
     service asks for word timestamps and turns each word into a TTSTextFrame timed to its audio (what tells a
     pipeline which words were heard before an interruption)."""
-    tts = CartesiaTTSService(api_key=API_KEY, url=f"{server.url.replace('http://', 'ws://')}/tts/websocket",
-                             sample_rate=16000, text_aggregation_mode=mode)
+    tts = CartesiaTTSService(
+        api_key=API_KEY,
+        url=f"{server.url.replace('http://', 'ws://')}/tts/websocket",
+        sample_rate=16000,
+        text_aggregation_mode=mode,
+    )
     collector = Collector()
     pcm = asyncio.run(run_pipeline(tts, llm_response(), 16000, collector))
     check(pcm, 16000, reference_s)

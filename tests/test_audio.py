@@ -21,7 +21,7 @@ def test_streaming_resampler_keeps_a_sine(out_rate: int) -> None:
     rate, freq = 22050, 440.0
     signal = sine(freq, rate, 1.0)
     resampler = StreamResampler(rate, out_rate)
-    pieces = [resampler.process(signal[i:i + 1000]) for i in range(0, len(signal), 1000)]
+    pieces = [resampler.process(signal[i : i + 1000]) for i in range(0, len(signal), 1000)]
     pieces.append(resampler.process(np.zeros(0, np.float32), last=True))
     out = np.concatenate(pieces)
     assert abs(len(out) - out_rate) <= 2  # one second in, one second out
@@ -52,7 +52,7 @@ def test_each_encoder_round_trips(name: str) -> None:
     rate = 24000
     pcm = to_int16(sine(440, rate, 1.5))
     encoder = create_encoder(name, rate)
-    data = b"".join(encoder.encode(pcm[i:i + 2400]) for i in range(0, len(pcm), 2400)) + encoder.finish()
+    data = b"".join(encoder.encode(pcm[i : i + 2400]) for i in range(0, len(pcm), 2400)) + encoder.finish()
     if name == "pcm":
         decoded, out_rate = pcm.astype(np.float32) / 32767, rate
     else:

@@ -24,10 +24,12 @@ def test_a_missing_chromium_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
         pass
 
 
-@pytest.mark.parametrize("required,outcome", [("1", pytest.fail.Exception), ("", pytest.skip.Exception),
-                                              ("0", pytest.skip.Exception)])
-def test_missing_fails_only_when_required(monkeypatch: pytest.MonkeyPatch, required: str,
-                                          outcome: type[BaseException]) -> None:
+@pytest.mark.parametrize(
+    "required,outcome", [("1", pytest.fail.Exception), ("", pytest.skip.Exception), ("0", pytest.skip.Exception)]
+)
+def test_missing_fails_only_when_required(
+    monkeypatch: pytest.MonkeyPatch, required: str, outcome: type[BaseException]
+) -> None:
     monkeypatch.setenv("RTVOICE_REQUIRE_BROWSER", required)
     with pytest.raises(outcome, match="playwright is not installed"):
         skip_or_fail(Missing("playwright is not installed"))

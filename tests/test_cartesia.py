@@ -27,12 +27,27 @@ SECOND = "A second context speaks at another rate."
 LONG = " ".join(["The meeting went on for hours, and nobody could say when it would end."] * 12)
 
 
-def request(context_id: str, transcript: str, *, rate: int = EMBEDDED_VOICE_RATE, encoding: str = "pcm_s16le",
-            voice: str = CARTESIA_VOICE, **fields: Any) -> dict[str, Any]:
+def request(
+    context_id: str,
+    transcript: str,
+    *,
+    rate: int = EMBEDDED_VOICE_RATE,
+    encoding: str = "pcm_s16le",
+    voice: str = CARTESIA_VOICE,
+    **fields: Any,
+) -> dict[str, Any]:
     """A generation request as Pipecat's and LiveKit's Cartesia services send it."""
-    return {"model_id": "sonic-3", "transcript": transcript, "voice": {"mode": "id", "id": voice},
-            "output_format": {"container": "raw", "encoding": encoding, "sample_rate": rate}, "language": "en",
-            "context_id": context_id, "add_timestamps": True, "continue": True, **fields}
+    return {
+        "model_id": "sonic-3",
+        "transcript": transcript,
+        "voice": {"mode": "id", "id": voice},
+        "output_format": {"container": "raw", "encoding": encoding, "sample_rate": rate},
+        "language": "en",
+        "context_id": context_id,
+        "add_timestamps": True,
+        "continue": True,
+        **fields,
+    }
 
 
 class Client:
@@ -65,8 +80,11 @@ class Client:
 
 
 def connect(server: Server, query: str = "?api_key=sk-test&cartesia_version=2025-04-16") -> Any:
-    return websockets.connect(f"{server.url.replace('http://', 'ws://')}/tts/websocket{query}", max_size=None,
-                              additional_headers={"X-API-Key": "sk-test", "Cartesia-Version": "2026-03-01"})
+    return websockets.connect(
+        f"{server.url.replace('http://', 'ws://')}/tts/websocket{query}",
+        max_size=None,
+        additional_headers={"X-API-Key": "sk-test", "Cartesia-Version": "2026-03-01"},
+    )
 
 
 def pcm_of(messages: list[dict[str, Any]], dtype: str = "<i2") -> np.ndarray:
@@ -168,7 +186,7 @@ def test_flush_done_follows_the_flushed_audio_and_numbers_the_chunks(server: Ser
     kinds = [m["type"] for m in messages]
     assert kinds.count("flush_done") == 1 and kinds[-1] == "done"
     flush_at = kinds.index("flush_done")
-    before, after = messages[:flush_at], messages[flush_at + 1:-1]
+    before, after = messages[:flush_at], messages[flush_at + 1 : -1]
     assert before and after and messages[flush_at]["flush_id"] == 1
     assert {m["flush_id"] for m in before if m["type"] == "chunk"} == {1}
     assert {m["flush_id"] for m in after if m["type"] == "chunk"} == {2}
@@ -260,19 +278,32 @@ def test_voices_rtvoice_ids_aliases_and_cartesia_ids(server: Server) -> None:
     assert error["done"] is True and error["status_code"] == 400 and "en_US-joe-medium" in error["message"]
 
 
-@pytest.mark.parametrize("fields,code,param", [
-    ({"output_format": {"container": "raw", "encoding": "pcm_mulaw", "sample_rate": 8000}}, "unsupported_encoding",
-     "output_format.encoding"),
-    ({"output_format": {"container": "wav", "encoding": "pcm_s16le", "sample_rate": 8000}}, "unsupported_format",
-     "output_format.container"),
-    ({"output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 12345}},
-     "unsupported_sample_rate", "output_format.sample_rate"),
-    ({"voice": {"mode": "embedding", "embedding": [0.1, 0.2]}}, "unsupported_voice_mode", "voice.mode"),
-    ({"generation_config": {"speed": 9}}, "invalid_value", "generation_config.speed"),
-    ({"transcript": "x" * 4097}, "input_too_long", "transcript"),
-])
-def test_bad_requests_get_an_error_for_their_context(server: Server, fields: dict[str, Any], code: str,
-                                                     param: str) -> None:
+@pytest.mark.parametrize(
+    "fields,code,param",
+    [
+        (
+            {"output_format": {"container": "raw", "encoding": "pcm_mulaw", "sample_rate": 8000}},
+            "unsupported_encoding",
+            "output_format.encoding",
+        ),
+        (
+            {"output_format": {"container": "wav", "encoding": "pcm_s16le", "sample_rate": 8000}},
+            "unsupported_format",
+            "output_format.container",
+        ),
+        (
+            {"output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 12345}},
+            "unsupported_sample_rate",
+            "output_format.sample_rate",
+        ),
+        ({"voice": {"mode": "embedding", "embedding": [0.1, 0.2]}}, "unsupported_voice_mode", "voice.mode"),
+        ({"generation_config": {"speed": 9}}, "invalid_value", "generation_config.speed"),
+        ({"transcript": "x" * 4097}, "input_too_long", "transcript"),
+    ],
+)
+def test_bad_requests_get_an_error_for_their_context(
+    server: Server, fields: dict[str, Any], code: str, param: str
+) -> None:
     async def run() -> tuple[dict[str, Any], list[dict[str, Any]]]:
         async with connect(server) as ws:
             client = Client(ws)
@@ -314,10 +345,19 @@ def test_malformed_messages_and_a_closed_context(server: Server) -> None:
 
 
 def tts_bytes(server: Server, **fields: Any) -> httpx.Response:
-    body = {"model_id": "sonic-3", "transcript": FIRST, "voice": {"mode": "id", "id": CARTESIA_VOICE},
-            "output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}, **fields}
-    return httpx.post(f"{server.url}/tts/bytes", json=body, headers={"X-API-Key": "sk-test",
-                                                                     "Cartesia-Version": "2025-04-16"}, timeout=60)
+    body = {
+        "model_id": "sonic-3",
+        "transcript": FIRST,
+        "voice": {"mode": "id", "id": CARTESIA_VOICE},
+        "output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000},
+        **fields,
+    }
+    return httpx.post(
+        f"{server.url}/tts/bytes",
+        json=body,
+        headers={"X-API-Key": "sk-test", "Cartesia-Version": "2025-04-16"},
+        timeout=60,
+    )
 
 
 def test_bytes_raw_wav_and_mp3(server: Server) -> None:

@@ -56,14 +56,17 @@ def rpc_error(stubs: Any, target: str, **payload: Any) -> grpc.RpcError:
 def test_sft_with_a_piper_voice(cosyvoice_stubs: Any, grpc_server: tuple[Server, str]) -> None:
     messages, _ = cosyvoice_stubs
     _, target = grpc_server
-    audio = np.frombuffer(inference(cosyvoice_stubs, target, sft_request=messages.sftRequest(
-        spk_id="en_US-joe-medium", tts_text=TEXT)), dtype="<i2")
+    audio = np.frombuffer(
+        inference(cosyvoice_stubs, target, sft_request=messages.sftRequest(spk_id="en_US-joe-medium", tts_text=TEXT)),
+        dtype="<i2",
+    )
     reference = synthesize(TEXT, seed=1)
     # Raw int16 at the voice's own rate; Piper's durations are drawn, so the length is close, not equal.
     assert 0.8 < len(audio) / len(reference) < 1.25
     assert np.sqrt(np.mean((audio / 32767.0) ** 2)) > 0.02
-    default = np.frombuffer(inference(cosyvoice_stubs, target, sft_request=messages.sftRequest(tts_text=TEXT)),
-                            dtype="<i2")
+    default = np.frombuffer(
+        inference(cosyvoice_stubs, target, sft_request=messages.sftRequest(tts_text=TEXT)), dtype="<i2"
+    )
     assert 0.8 < len(default) / len(reference) < 1.25
 
 
@@ -78,10 +81,15 @@ def test_errors_are_grpc_statuses(cosyvoice_stubs: Any, grpc_server: tuple[Serve
     assert nothing.code() == grpc.StatusCode.INVALID_ARGUMENT and "sft_request" in nothing.details()
     # Prompts and instructions need CosyVoice2: this server has none, and says so.
     pcm = (np.sin(np.arange(16000) / 10) * 8000).astype("<i2").tobytes()
-    for payload in ({"zero_shot_request": messages.zeroshotRequest(tts_text=TEXT, prompt_text="Hi.", prompt_audio=pcm)},
-                    {"cross_lingual_request": messages.crosslingualRequest(tts_text=TEXT, prompt_audio=pcm)},
-                    {"instruct_request": messages.instructRequest(tts_text=TEXT, spk_id="en_US-joe-medium",
-                                                                  instruct_text="Speak slowly.")}):
+    for payload in (
+        {"zero_shot_request": messages.zeroshotRequest(tts_text=TEXT, prompt_text="Hi.", prompt_audio=pcm)},
+        {"cross_lingual_request": messages.crosslingualRequest(tts_text=TEXT, prompt_audio=pcm)},
+        {
+            "instruct_request": messages.instructRequest(
+                tts_text=TEXT, spk_id="en_US-joe-medium", instruct_text="Speak slowly."
+            )
+        },
+    ):
         error = rpc_error(cosyvoice_stubs, target, **payload)
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "RTVOICE_COSYVOICE_DIR" in error.details()
         assert ("rtvoice-error-code", "model_not_loaded") in tuple(error.trailing_metadata())
@@ -101,7 +109,12 @@ def test_a_cancelled_call_frees_its_stream(cosyvoice_stubs: Any, grpc_server: tu
 
 def test_without_grpcio_the_server_says_what_to_install() -> None:
     hide_grpc = "import sys; sys.modules['grpc'] = None; from rtvoice.app.cli import main; main(['serve'])"
-    result = subprocess.run([sys.executable, "-c", hide_grpc], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "RTVOICE_GRPC_PORT": str(free_port())})
+    result = subprocess.run(
+        [sys.executable, "-c", hide_grpc],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "RTVOICE_GRPC_PORT": str(free_port())},
+    )
     assert result.returncode == 2
     assert "RTVOICE_GRPC_PORT is set but grpcio is not installed" in result.stderr and "[grpc]" in result.stderr

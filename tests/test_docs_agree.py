@@ -36,8 +36,9 @@ def as_configured(monkeypatch: pytest.MonkeyPatch, variable: str, text: str) -> 
 def test_env_example_lists_every_setting_with_its_default(clean_environment: None) -> None:
     text = ENV_EXAMPLE.read_text()
     listed = set(re.findall(r"^(?:# )?(RTVOICE_[A-Z0-9_]+)=", text, flags=re.MULTILINE))
-    assert listed == set(SETTINGS), (f"missing from .env.example: {sorted(set(SETTINGS) - listed)}; "
-                                     f"not settings: {sorted(listed - set(SETTINGS))}")
+    assert listed == set(SETTINGS), (
+        f"missing from .env.example: {sorted(set(SETTINGS) - listed)}; not settings: {sorted(listed - set(SETTINGS))}"
+    )
     # Read .env.example as an env file: each uncommented value must be the default.
     defaults = Settings(_env_file=None)
     example = Settings(_env_file=ENV_EXAMPLE)
@@ -68,8 +69,9 @@ def readme_configuration_rows() -> list[tuple[list[str], list[str]]]:
     return rows
 
 
-def test_readme_configuration_table_shows_the_defaults(clean_environment: None,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readme_configuration_table_shows_the_defaults(
+    clean_environment: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rows = readme_configuration_rows()
     assert len(rows) >= 8
     defaults = Settings(_env_file=None)
@@ -83,4 +85,5 @@ def test_readme_configuration_table_shows_the_defaults(clean_environment: None,
             else:
                 shown = os.path.expanduser(literal.group(1))
                 assert as_configured(monkeypatch, variable, shown) == default, (
-                    f"README shows {cell} for {variable}; the default is {default!r}")
+                    f"README shows {cell} for {variable}; the default is {default!r}"
+                )

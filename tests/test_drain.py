@@ -52,8 +52,9 @@ async def until_closed(ws: Any) -> tuple[list[dict[str, Any]], int, int | None, 
 
 
 def refused_while_draining(server: Server) -> None:
-    response = httpx.post(f"{server.url}/v1/audio/speech",
-                          json={"model": "tts-1", "input": "Too late.", "voice": "alloy"})
+    response = httpx.post(
+        f"{server.url}/v1/audio/speech", json={"model": "tts-1", "input": "Too late.", "voice": "alloy"}
+    )
     assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1
     assert response.json()["error"]["code"] == "server_shutting_down"
     assert httpx.get(f"{server.url}/healthz").status_code == 200
@@ -68,8 +69,7 @@ def test_sigterm_lets_streams_finish_then_closes_sockets_and_exits_0(tmp_path: P
         await speaking.send(json.dumps({"type": "text", "text": LONG_TEXT}))
         await speaking.send(json.dumps({"type": "flush"}))
         async with httpx.AsyncClient(timeout=60) as client:
-            async with client.stream("POST", f"{server.url}/inference_sft",
-                                     data={"tts_text": LONG_TEXT}) as body:
+            async with client.stream("POST", f"{server.url}/inference_sft", data={"tts_text": LONG_TEXT}) as body:
                 reader = body.aiter_bytes()
                 chunks = [await anext(reader)]
                 first = json.loads(await speaking.recv())
@@ -96,7 +96,10 @@ def test_sigterm_lets_streams_finish_then_closes_sockets_and_exits_0(tmp_path: P
         assert "done" in kinds and kinds.index("done") < kinds.index("error"), kinds
         done = speaking_events[kinds.index("done")]
         assert abs(done["audio_s"] - speaking_audio / 2 / 16000) < 0.01 and done["audio_s"] > 10
-        assert speaking_events[-1]["code"] == "server_shutting_down" and (code, reason) == (1001, "server shutting down")
+        assert speaking_events[-1]["code"] == "server_shutting_down" and (code, reason) == (
+            1001,
+            "server shutting down",
+        )
         assert idle_events[-1]["code"] == "server_shutting_down" and idle_code == 1001
         assert await asyncio.to_thread(server.process.wait, 30) == 0
         assert time.monotonic() - sigterm_at < 60  # it did not wait for the timeout: everything had finished

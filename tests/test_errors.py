@@ -13,19 +13,22 @@ from rtvoice.engine import errors as engine_errors
 from rtvoice.engine.errors import EngineError, InvalidRequest, ModelNotLoaded, Overloaded, StreamFailed, UnknownVoice
 
 
-@pytest.mark.parametrize("error,expected", [
-    (InvalidRequest("bad"), HttpStatus(400, "invalid_request_error")),
-    (UnknownVoice("x", ["a"]), HttpStatus(400, "invalid_request_error")),
-    (EngineError("closed", code="session_closed"), HttpStatus(400, "invalid_request_error")),
-    (Overloaded(), HttpStatus(503, "server_overloaded")),
-    (AtCapacity(4), HttpStatus(503, "server_overloaded")),  # subclasses take their base's
-    (TooManyWebSockets(4), HttpStatus(503, "server_overloaded")),
-    (ModelNotLoaded("no model"), HttpStatus(404, "invalid_request_error")),
-    (StreamFailed("broke"), HttpStatus(500, "server_error")),
-    (ShuttingDown(), HttpStatus(503, "server_error")),
-    (HttpError("gone", status=404), HttpStatus(404, "invalid_request_error")),
-    (HttpError("disk", status=500, type="server_error"), HttpStatus(500, "server_error")),
-])
+@pytest.mark.parametrize(
+    "error,expected",
+    [
+        (InvalidRequest("bad"), HttpStatus(400, "invalid_request_error")),
+        (UnknownVoice("x", ["a"]), HttpStatus(400, "invalid_request_error")),
+        (EngineError("closed", code="session_closed"), HttpStatus(400, "invalid_request_error")),
+        (Overloaded(), HttpStatus(503, "server_overloaded")),
+        (AtCapacity(4), HttpStatus(503, "server_overloaded")),  # subclasses take their base's
+        (TooManyWebSockets(4), HttpStatus(503, "server_overloaded")),
+        (ModelNotLoaded("no model"), HttpStatus(404, "invalid_request_error")),
+        (StreamFailed("broke"), HttpStatus(500, "server_error")),
+        (ShuttingDown(), HttpStatus(503, "server_error")),
+        (HttpError("gone", status=404), HttpStatus(404, "invalid_request_error")),
+        (HttpError("disk", status=500, type="server_error"), HttpStatus(500, "server_error")),
+    ],
+)
 def test_statuses(error: EngineError, expected: HttpStatus) -> None:
     assert http_status(error) == expected
 
@@ -39,8 +42,9 @@ def test_the_engine_names_no_protocol() -> None:
 
 
 def test_the_response_carries_retry_after_and_the_errors_own_headers() -> None:
-    response = engine_error_response(HttpError("wrong type", code="unsupported_media_type", status=415,
-                                               headers={"Accept-Post": "application/sdp"}))
+    response = engine_error_response(
+        HttpError("wrong type", code="unsupported_media_type", status=415, headers={"Accept-Post": "application/sdp"})
+    )
     assert response.status_code == 415 and response.headers["accept-post"] == "application/sdp"
     overloaded = engine_error_response(Overloaded(retry_after_s=7))
     assert overloaded.status_code == 503 and overloaded.headers["retry-after"] == "7"

@@ -58,10 +58,16 @@ class FaultTexts:
 
 
 FAULTS = {
-    "raise": FaultTexts("raise", "This first sentence is spoken. The second one carries FAILDECODE and breaks.",
-                   "FAILENCODE breaks before any audio."),
-    "hang": FaultTexts("hang", "This first sentence is spoken. The second one carries HANGDECODE and hangs.",
-                  "HANGENCODE hangs before any audio."),
+    "raise": FaultTexts(
+        "raise",
+        "This first sentence is spoken. The second one carries FAILDECODE and breaks.",
+        "FAILENCODE breaks before any audio.",
+    ),
+    "hang": FaultTexts(
+        "hang",
+        "This first sentence is spoken. The second one carries HANGDECODE and hangs.",
+        "HANGENCODE hangs before any audio.",
+    ),
 }
 
 
@@ -74,10 +80,15 @@ def faulty_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def faulty(faulty_log: Path) -> Iterator[Server]:
     # One stream per model call, so a failing call holds the failing stream only. Hung calls are abandoned at
     # 8 times the longest a recent call held its slot (not the default 10, to keep the tests short).
-    server = start_rtvoice({
-        "RTVOICE_FAULT_INJECTION": "decode:FAILDECODE,encode:FAILENCODE,decode:HANGDECODE:hang,encode:HANGENCODE:hang",
-        "RTVOICE_MAX_BATCH_SIZE": "1", "RTVOICE_RUNNER_THREADS": str(SLOTS), "RTVOICE_MODEL_CALL_DEADLINE_FACTOR": "8",
-    }, log_file=faulty_log)
+    server = start_rtvoice(
+        {
+            "RTVOICE_FAULT_INJECTION": "decode:FAILDECODE,encode:FAILENCODE,decode:HANGDECODE:hang,encode:HANGENCODE:hang",
+            "RTVOICE_MAX_BATCH_SIZE": "1",
+            "RTVOICE_RUNNER_THREADS": str(SLOTS),
+            "RTVOICE_MODEL_CALL_DEADLINE_FACTOR": "8",
+        },
+        log_file=faulty_log,
+    )
     yield server
     server.stop()
 
@@ -88,12 +99,16 @@ def fault(request: pytest.FixtureRequest) -> FaultTexts:
 
 
 def speech(server: Server, text: str, **extra: object) -> httpx.Response:
-    return httpx.post(f"{server.url}/v1/audio/speech", timeout=60,
-                      json={"model": "tts-1", "voice": "alloy", "input": text, "response_format": "wav", **extra})
+    return httpx.post(
+        f"{server.url}/v1/audio/speech",
+        timeout=60,
+        json={"model": "tts-1", "voice": "alloy", "input": text, "response_format": "wav", **extra},
+    )
 
 
-async def cut_off(client: httpx.AsyncClient, url: str, text: str,
-                  admitted: asyncio.Event | None = None) -> tuple[int, bytes, BaseException | None]:
+async def cut_off(
+    client: httpx.AsyncClient, url: str, text: str, admitted: asyncio.Event | None = None
+) -> tuple[int, bytes, BaseException | None]:
     """A request whose stream fails: its status, the body that came, and how the body ended. ``admitted`` is set
     when its status arrives, which the server sends once the stream is admitted."""
     got = b""
@@ -116,6 +131,7 @@ async def seeded(client: httpx.AsyncClient, url: str, text: str = CLEAN) -> np.n
 
 def reference(server: Server, text: str = CLEAN) -> np.ndarray:
     """The same seeded text alone, on a server at rest."""
+
     async def alone() -> np.ndarray:
         async with httpx.AsyncClient(timeout=60) as client:
             return await seeded(client, f"{server.url}/inference_sft", text)
@@ -125,7 +141,10 @@ def reference(server: Server, text: str = CLEAN) -> np.ndarray:
 
 def test_the_hook_parses_and_is_off_by_default() -> None:
     assert [(f.kind, f.marker, f.mode) for f in parse_faults("decode:X, lm:Y:hang, encode:a:b")] == [
-        ("decode", "X", "raise"), ("lm", "Y", "hang"), ("encode", "a:b", "raise")]
+        ("decode", "X", "raise"),
+        ("lm", "Y", "hang"),
+        ("encode", "a:b", "raise"),
+    ]
     assert parse_faults("") == []
     for bad in ("decode", "decode::hang", ":X"):
         with pytest.raises(ValueError):
@@ -137,8 +156,11 @@ def test_the_hook_parses_and_is_off_by_default() -> None:
 def test_the_faulty_voice_is_the_real_voice_in_every_hook(base: type, wrapper: type) -> None:
     """Every method of ``Voice`` and ``VoiceSession`` (cost hooks included) is the wrapped one's: a hook left to
     the base class's default would change how the engine schedules a voice under test."""
-    hooks = {name for name, member in vars(base).items()
-             if (callable(member) or isinstance(member, property)) and not name.startswith("_")}
+    hooks = {
+        name
+        for name, member in vars(base).items()
+        if (callable(member) or isinstance(member, property)) and not name.startswith("_")
+    }
     assert hooks and not hooks - set(vars(wrapper))
 
 
@@ -162,8 +184,12 @@ def test_http_body_that_fails_midway_is_cut_off_and_the_neighbour_is_whole(fault
 
 def test_failure_before_any_audio_cuts_the_body_too(faulty: Server, fault: FaultTexts) -> None:
     """The status left at once (the client knows it was admitted): a failure before any audio cuts the body."""
-    with httpx.stream("POST", f"{faulty.url}/v1/audio/speech", timeout=60, json={
-            "model": "tts-1", "voice": "alloy", "input": fault.early, "response_format": "wav"}) as response:
+    with httpx.stream(
+        "POST",
+        f"{faulty.url}/v1/audio/speech",
+        timeout=60,
+        json={"model": "tts-1", "voice": "alloy", "input": fault.early, "response_format": "wav"},
+    ) as response:
         assert response.status_code == 200
         with pytest.raises(httpx.RemoteProtocolError):
             response.read()
@@ -172,8 +198,12 @@ def test_failure_before_any_audio_cuts_the_body_too(faulty: Server, fault: Fault
 
 def test_sse_gets_an_error_event_then_the_cut(faulty: Server, fault: FaultTexts) -> None:
     text = ""
-    with httpx.stream("POST", f"{faulty.url}/v1/audio/speech", timeout=60, json={
-            "model": "tts-1", "voice": "alloy", "input": fault.late, "stream_format": "sse"}) as response:
+    with httpx.stream(
+        "POST",
+        f"{faulty.url}/v1/audio/speech",
+        timeout=60,
+        json={"model": "tts-1", "voice": "alloy", "input": fault.late, "stream_format": "sse"},
+    ) as response:
         assert response.status_code == 200
         with pytest.raises(httpx.RemoteProtocolError):
             for chunk in response.iter_text():
@@ -247,8 +277,12 @@ def test_hung_calls_on_every_slot_are_abandoned_and_every_slot_comes_back(faulty
     for got in asyncio.run(all_slots()):
         assert same_speech(got, want), snr_db(want, got)
     # The engine logs each abandoned call once, with its deadline (transports log their streams' failures).
-    assert wait_for(lambda: len(re.findall(r"rtvoice\.engine\.\w+: .* ran past its deadline of [0-9.]+ s",
-                                           faulty_log.read_text())) == faulty.metric(ABANDONED))
+    assert wait_for(
+        lambda: (
+            len(re.findall(r"rtvoice\.engine\.\w+: .* ran past its deadline of [0-9.]+ s", faulty_log.read_text()))
+            == faulty.metric(ABANDONED)
+        )
+    )
 
 
 # -- the engine, without the server ---------------------------------------------------------------------------
@@ -264,12 +298,16 @@ def test_an_abandoned_call_frees_its_slot_at_once_and_its_late_result_is_dropped
         return np.concatenate([pcm async for pcm in stream.audio()])
 
     async def main() -> None:
-        engine = Engine(EngineSettings(_env_file=None, max_batch_size=1, runner_threads=SLOTS,
-                                 model_call_deadline_factor=8), voices=VoiceRegistry([voice]))
+        engine = Engine(
+            EngineSettings(_env_file=None, max_batch_size=1, runner_threads=SLOTS, model_call_deadline_factor=8),
+            voices=VoiceRegistry([voice]),
+        )
         await engine.start()
         try:
             hung = engine.open_stream(SynthesisRequest(text=hang.late, voice=voice.info.id))
-            clean = engine.open_stream(SynthesisRequest(text=CLEAN, voice=voice.info.id, options=SynthesisOptions(seed=7)))
+            clean = engine.open_stream(
+                SynthesisRequest(text=CLEAN, voice=voice.info.id, options=SynthesisOptions(seed=7))
+            )
 
             async def fails() -> tuple[StreamFailed, bool]:
                 """The failure, and whether a call of the stream still held a slot when it came."""
@@ -290,9 +328,14 @@ def test_an_abandoned_call_frees_its_slot_at_once_and_its_late_result_is_dropped
             assert await asyncio.to_thread(wait_for, lambda: engine.runner.abandoned_threads == 0)
             assert hung.emitted_s == spoken_s and hung.error is not None
 
-            want = await speak(engine.open_stream(SynthesisRequest(text=CLEAN, voice=voice.info.id, options=SynthesisOptions(seed=7))))
+            want = await speak(
+                engine.open_stream(SynthesisRequest(text=CLEAN, voice=voice.info.id, options=SynthesisOptions(seed=7)))
+            )
             assert same_speech(whole, want), snr_db(want, whole)
-            again = [engine.open_stream(SynthesisRequest(text=CLEAN, voice=voice.info.id, options=SynthesisOptions(seed=7))) for _ in range(SLOTS)]
+            again = [
+                engine.open_stream(SynthesisRequest(text=CLEAN, voice=voice.info.id, options=SynthesisOptions(seed=7)))
+                for _ in range(SLOTS)
+            ]
             for got in await asyncio.gather(*(speak(stream) for stream in again)):
                 assert same_speech(got, want), snr_db(want, got)
         finally:
@@ -330,7 +373,8 @@ def test_deadlines_follow_the_measured_costs() -> None:
     # A small call's deadline comes from the longest recent hold of its voice; a large one's from its estimate.
     assert core.deadline_s(batch) == pytest.approx(10 * max(longest_s, batch.estimate_s * sim.scheduler.safety()))
     assert core.deadline_s(replace(batch, estimate_s=100 * longest_s)) == pytest.approx(
-        10 * 100 * longest_s * sim.scheduler.safety())
+        10 * 100 * longest_s * sim.scheduler.safety()
+    )
 
 
 # -- start-up -----------------------------------------------------------------------------------------------
@@ -339,9 +383,14 @@ def test_deadlines_follow_the_measured_costs() -> None:
 def serve(env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     from testkit.servers import free_port
 
-    return subprocess.run([sys.executable, "-m", "rtvoice.app.cli", "serve"], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout,
-                          env={**__import__("os").environ, "RTVOICE_PORT": str(free_port()), **env})
+    return subprocess.run(
+        [sys.executable, "-m", "rtvoice.app.cli", "serve"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**__import__("os").environ, "RTVOICE_PORT": str(free_port()), **env},
+    )
 
 
 def test_a_corrupt_voice_file_stops_the_server_with_its_name(tmp_path: Path) -> None:

@@ -70,9 +70,17 @@ json_values = st.recursive(
 )
 message_types = st.sampled_from(["start", "text", "flush", "cancel", "end", "tts_request", "", "START", "x" * 300])
 field_values = json_values | st.sampled_from(["en_US-joe-medium", "alloy", "pcm_s16le", 16000, 48000, 7, -1, 1e308])
-objects = st.builds(lambda kind, fields: json.dumps({"type": kind, **fields}), message_types,
-                    st.dictionaries(st.sampled_from(["text", "voice", "sample_rate", "encoding", "speed", "seed",
-                                                     "speaker_id", "request_id", "type"]), field_values, max_size=4))
+objects = st.builds(
+    lambda kind, fields: json.dumps({"type": kind, **fields}),
+    message_types,
+    st.dictionaries(
+        st.sampled_from(
+            ["text", "voice", "sample_rate", "encoding", "speed", "seed", "speaker_id", "request_id", "type"]
+        ),
+        field_values,
+        max_size=4,
+    ),
+)
 frames = st.one_of(
     objects,
     json_values.map(json.dumps),
@@ -191,8 +199,9 @@ def test_datachannel_fuzz_errors_for_the_sender_only(fuzzed: Server, loop: LoopT
     victim = loop.run(WhepPlayer(fuzzed.url).start())
     player = loop.run(WhepPlayer(fuzzed.url).start())
     # aiortc objects belong to their loop: send from it.
-    loop.loop.call_soon_threadsafe(victim.send, {"type": "tts_request", "text": " ".join([Victim.TEXT] * 3),
-                                                 "request_id": "victim"})
+    loop.loop.call_soon_threadsafe(
+        victim.send, {"type": "tts_request", "text": " ".join([Victim.TEXT] * 3), "request_id": "victim"}
+    )
     probes = iter(range(10**6))
 
     async def fuzz_channel(sent: list[str | bytes]) -> None:
@@ -229,22 +238,42 @@ def test_datachannel_fuzz_errors_for_the_sender_only(fuzzed: Server, loop: LoopT
 
 sdp_lines = st.one_of(
     st.text(max_size=60),
-    st.sampled_from(["v=0", "o=- 0 0 IN IP4 127.0.0.1", "s=-", "t=0 0", "m=audio 9 UDP/TLS/RTP/SAVPF 111",
-                     "m=audio 0 RTP/AVP 0", "m=video 9 UDP/TLS/RTP/SAVPF 96", "c=IN IP4 0.0.0.0", "a=recvonly",
-                     "a=sendonly", "a=rtpmap:111 opus/48000/2", "a=ice-ufrag:abcd", "a=ice-pwd:0123456789012345678901",
-                     "a=fingerprint:sha-256 00:11", "a=setup:actpass", "a=mid:0", "a=group:BUNDLE 0",
-                     "a=candidate:1 1 udp 1 127.0.0.1 9 typ host", "a=candidate:x", "a=end-of-candidates",
-                     "a=rtcp-mux", "a=ice-ufrag:", "a=mid:", "m=application 9 UDP/DTLS/SCTP webrtc-datachannel"]),
+    st.sampled_from(
+        [
+            "v=0",
+            "o=- 0 0 IN IP4 127.0.0.1",
+            "s=-",
+            "t=0 0",
+            "m=audio 9 UDP/TLS/RTP/SAVPF 111",
+            "m=audio 0 RTP/AVP 0",
+            "m=video 9 UDP/TLS/RTP/SAVPF 96",
+            "c=IN IP4 0.0.0.0",
+            "a=recvonly",
+            "a=sendonly",
+            "a=rtpmap:111 opus/48000/2",
+            "a=ice-ufrag:abcd",
+            "a=ice-pwd:0123456789012345678901",
+            "a=fingerprint:sha-256 00:11",
+            "a=setup:actpass",
+            "a=mid:0",
+            "a=group:BUNDLE 0",
+            "a=candidate:1 1 udp 1 127.0.0.1 9 typ host",
+            "a=candidate:x",
+            "a=end-of-candidates",
+            "a=rtcp-mux",
+            "a=ice-ufrag:",
+            "a=mid:",
+            "m=application 9 UDP/DTLS/SCTP webrtc-datachannel",
+        ]
+    ),
 )
-bodies = st.lists(sdp_lines, max_size=14).map("\r\n".join) | st.binary(max_size=200).map(
-    lambda b: b.decode("latin-1"))
+bodies = st.lists(sdp_lines, max_size=14).map("\r\n".join) | st.binary(max_size=200).map(lambda b: b.decode("latin-1"))
 
 
 def test_malformed_sdp_and_trickle_bodies_get_4xx(fuzzed: Server, loop: LoopThread) -> None:
     async def session() -> tuple[Any, str]:
         pc, sdp = await offer_sdp()
-        created = httpx.post(f"{fuzzed.url}/whep", content=sdp, headers={"Content-Type": "application/sdp"},
-                             timeout=30)
+        created = httpx.post(f"{fuzzed.url}/whep", content=sdp, headers={"Content-Type": "application/sdp"}, timeout=30)
         assert created.status_code == 201
         return pc, f"{fuzzed.url}{created.headers['location']}"
 
@@ -253,15 +282,23 @@ def test_malformed_sdp_and_trickle_bodies_get_4xx(fuzzed: Server, loop: LoopThre
     @FUZZ
     @given(bodies, bodies)
     def fuzz(offer: str, fragment: str) -> None:
-        posted = httpx.post(f"{fuzzed.url}/whep", content=offer.encode("utf-8", "surrogatepass"),
-                            headers={"Content-Type": "application/sdp"}, timeout=30)
+        posted = httpx.post(
+            f"{fuzzed.url}/whep",
+            content=offer.encode("utf-8", "surrogatepass"),
+            headers={"Content-Type": "application/sdp"},
+            timeout=30,
+        )
         assert posted.status_code in (201, 400, 413), (posted.status_code, posted.text[:200])
         if posted.status_code == 201:  # an offer that happens to be usable: drop its session
             httpx.delete(f"{fuzzed.url}{posted.headers['location']}")
         else:
             assert posted.json()["error"]["code"]
-        patched = httpx.patch(location, content=fragment.encode("utf-8", "surrogatepass"),
-                              headers={"Content-Type": "application/trickle-ice-sdpfrag"}, timeout=30)
+        patched = httpx.patch(
+            location,
+            content=fragment.encode("utf-8", "surrogatepass"),
+            headers={"Content-Type": "application/trickle-ice-sdpfrag"},
+            timeout=30,
+        )
         assert patched.status_code in (204, 400, 413, 422), (patched.status_code, patched.text[:200])
 
     try:

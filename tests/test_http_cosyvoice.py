@@ -13,16 +13,20 @@ from tests.engine_output import EMBEDDED_VOICE_RATE, synthesize
 from testkit.polling import wait_for
 
 TEXT = "Hello there. This sentence comes from rtvoice, streaming as it speaks."
-LONG_TEXT = " ".join([
-    "When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone expected a short",
-    "meeting, but the discussion about the new budget, the delayed construction of the bridge, and the future of the",
-    "community garden went on for hours.",
-] * 4)
+LONG_TEXT = " ".join(
+    [
+        "When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone expected a short",
+        "meeting, but the discussion about the new budget, the delayed construction of the bridge, and the future of the",
+        "community garden went on for hours.",
+    ]
+    * 4
+)
 
 
 def test_streaming_wav_matches_the_engine(server: Server) -> None:
-    response = httpx.post(f"{server.url}/inference_sft", data={"tts_text": TEXT, "spk_id": "en_US-joe-medium",
-                                                                "seed": "11"}, timeout=60)
+    response = httpx.post(
+        f"{server.url}/inference_sft", data={"tts_text": TEXT, "spk_id": "en_US-joe-medium", "seed": "11"}, timeout=60
+    )
     assert response.status_code == 200
     assert response.headers["content-type"] == "audio/wav"
     assert response.headers["x-sample-rate"] == str(EMBEDDED_VOICE_RATE)
@@ -47,8 +51,9 @@ def test_pcm_format_is_the_raw_samples(server: Server) -> None:
 def test_get_with_query_and_with_form_body(server: Server) -> None:
     by_query = httpx.get(f"{server.url}/inference_sft", params={"tts_text": "Good morning.", "seed": "2"}, timeout=60)
     # CosyVoice's own client sends its form in the body of a GET.
-    by_form = httpx.request("GET", f"{server.url}/inference_sft", data={"tts_text": "Good morning.", "seed": "2"},
-                            timeout=60)
+    by_form = httpx.request(
+        "GET", f"{server.url}/inference_sft", data={"tts_text": "Good morning.", "seed": "2"}, timeout=60
+    )
     assert by_query.status_code == by_form.status_code == 200
     assert by_query.content[:44] == by_form.content[:44] and len(by_query.content) > 44 + EMBEDDED_VOICE_RATE
     assert same_speech(parse_wav(by_query.content)[1], parse_wav(by_form.content)[1])
@@ -56,8 +61,9 @@ def test_get_with_query_and_with_form_body(server: Server) -> None:
 
 @pytest.mark.parametrize("rate", [8000, 16000, 24000, 48000])
 def test_resampled_output(server: Server, rate: int) -> None:
-    response = httpx.post(f"{server.url}/inference_sft", data={"tts_text": TEXT, "seed": "3",
-                                                                "sample_rate": str(rate)}, timeout=60)
+    response = httpx.post(
+        f"{server.url}/inference_sft", data={"tts_text": TEXT, "seed": "3", "sample_rate": str(rate)}, timeout=60
+    )
     header, samples = parse_wav(response.content)
     assert header["sample_rate"] == rate and response.headers["x-sample-rate"] == str(rate)
     native = synthesize(TEXT, seed=3)
@@ -67,8 +73,9 @@ def test_resampled_output(server: Server, rate: int) -> None:
 
 def test_first_audio_arrives_while_synthesis_runs(server: Server) -> None:
     """Audio streams out before the long text is synthesised: the stream is still active at the first bytes."""
-    with httpx.stream("POST", f"{server.url}/inference_sft", data={"tts_text": LONG_TEXT, "format": "pcm"},
-                      timeout=60) as response:
+    with httpx.stream(
+        "POST", f"{server.url}/inference_sft", data={"tts_text": LONG_TEXT, "format": "pcm"}, timeout=60
+    ) as response:
         chunks = response.iter_bytes()
         first = next(chunks)
         assert len(first) > 0
@@ -82,8 +89,9 @@ def test_first_audio_arrives_while_synthesis_runs(server: Server) -> None:
 def test_disconnect_cancels_synthesis(server: Server) -> None:
     cancelled_before = server.metric("rtvoice_streams_total", {"outcome": "cancelled"})
     audio_before = server.metric("rtvoice_audio_seconds_total")
-    with httpx.stream("POST", f"{server.url}/inference_sft", data={"tts_text": LONG_TEXT * 3, "format": "pcm"},
-                      timeout=60) as response:
+    with httpx.stream(
+        "POST", f"{server.url}/inference_sft", data={"tts_text": LONG_TEXT * 3, "format": "pcm"}, timeout=60
+    ) as response:
         chunks = response.iter_bytes()  # keep the iterator: dropping it closes the connection
         next(chunks)
         assert server.metric("rtvoice_active_streams") >= 1
@@ -119,14 +127,17 @@ def test_bad_input_gets_a_4xx_naming_the_problem(server: Server, form: dict[str,
 
 
 def test_malformed_form_body(server: Server) -> None:
-    response = httpx.post(f"{server.url}/inference_sft", content=b"--xyz\r\nbroken",
-                          headers={"content-type": "multipart/form-data; boundary=xyz"}, timeout=10)
+    response = httpx.post(
+        f"{server.url}/inference_sft",
+        content=b"--xyz\r\nbroken",
+        headers={"content-type": "multipart/form-data; boundary=xyz"},
+        timeout=10,
+    )
     assert response.status_code == 400 and response.json()["error"]["message"]
 
 
 def test_a_bad_request_does_not_disturb_a_good_one(server: Server) -> None:
-    with httpx.stream("POST", f"{server.url}/inference_sft", data={"tts_text": TEXT, "seed": "11"},
-                      timeout=60) as good:
+    with httpx.stream("POST", f"{server.url}/inference_sft", data={"tts_text": TEXT, "seed": "11"}, timeout=60) as good:
         bad = httpx.post(f"{server.url}/inference_sft", data={"tts_text": ""}, timeout=10)
         body = good.read()
     assert bad.status_code == 400

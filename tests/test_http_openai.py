@@ -28,10 +28,16 @@ def test_pcm_is_24khz_s16le_and_matches_the_engine(server: Server) -> None:
     assert same_speech(samples, synthesize(TEXT, seed=21, sample_rate=24000))
 
 
-@pytest.mark.parametrize("fmt,content_type", [
-    ("mp3", "audio/mpeg"), ("opus", "audio/ogg; codecs=opus"), ("aac", "audio/aac"), ("flac", "audio/flac"),
-    ("wav", "audio/wav"),
-])
+@pytest.mark.parametrize(
+    "fmt,content_type",
+    [
+        ("mp3", "audio/mpeg"),
+        ("opus", "audio/ogg; codecs=opus"),
+        ("aac", "audio/aac"),
+        ("flac", "audio/flac"),
+        ("wav", "audio/wav"),
+    ],
+)
 def test_each_format_decodes_to_the_right_length(server: Server, fmt: str, content_type: str) -> None:
     expected_s = len(np.frombuffer(speech(server, response_format="pcm", seed=4).content, dtype="<i2")) / 24000
     response = speech(server, response_format=fmt, seed=4)
@@ -59,12 +65,12 @@ def test_sse_event_shapes(server: Server) -> None:
     for block in blocks:
         lines = block.split("\n")
         assert all(line.startswith("data: ") for line in lines), block
-        events.append(json.loads("".join(line[len("data: "):] for line in lines)))
+        events.append(json.loads("".join(line[len("data: ") :] for line in lines)))
     words = [e for e in events if e["type"] == "speech.word"]
     deltas, done = [e for e in events[:-1] if e["type"] != "speech.word"], events[-1]
     assert deltas and all(e["type"] == "speech.audio.delta" and set(e) == {"type", "audio"} for e in deltas)
     assert [w["text"] for w in words] == [w for w in TEXT.replace(",", "").replace(".", "").split()]
-    assert all(TEXT[w["char_start"]:w["char_end"]] == w["text"] and not w["approximate"] for w in words)
+    assert all(TEXT[w["char_start"] : w["char_end"]] == w["text"] and not w["approximate"] for w in words)
     assert done["type"] == "speech.audio.done"
     usage = done["usage"]
     assert set(usage) == {"input_tokens", "output_tokens", "total_tokens"}
@@ -75,8 +81,9 @@ def test_sse_event_shapes(server: Server) -> None:
 
 
 def test_extra_fields_and_instructions_are_accepted(server: Server) -> None:
-    response = speech(server, response_format="pcm", instructions="Speak warmly.", temperature=0.3,
-                      something_new={"a": 1})
+    response = speech(
+        server, response_format="pcm", instructions="Speak warmly.", temperature=0.3, something_new={"a": 1}
+    )
     assert response.status_code == 200 and len(response.content) > 24000
 
 
@@ -128,8 +135,9 @@ def test_required_fields(server: Server, missing: str) -> None:
 
 @pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b"", "\u00ff".encode("latin-1")])
 def test_malformed_json(server: Server, content: bytes) -> None:
-    response = httpx.post(f"{server.url}/v1/audio/speech", content=content,
-                          headers={"content-type": "application/json"}, timeout=10)
+    response = httpx.post(
+        f"{server.url}/v1/audio/speech", content=content, headers={"content-type": "application/json"}, timeout=10
+    )
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
 
 
@@ -158,12 +166,14 @@ def test_official_openai_client(server: Server) -> None:
     """OpenAI's own Python SDK, pointed at rtvoice, streams speech and sees our errors as its errors."""
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
-    with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input=TEXT,
-                                                            response_format="pcm") as response:
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input=TEXT, response_format="pcm"
+    ) as response:
         pcm = b"".join(response.iter_bytes())
     assert len(pcm) / 2 / 24000 > 1.0
-    mp3 = client.audio.speech.create(model="gpt-4o-mini-tts", voice="coral", input="Hi there.",
-                                     instructions="Cheerful.")
+    mp3 = client.audio.speech.create(
+        model="gpt-4o-mini-tts", voice="coral", input="Hi there.", instructions="Cheerful."
+    )
     assert decode(mp3.content)[1] == 24000
     with pytest.raises(openai.BadRequestError) as error:
         client.audio.speech.create(model="tts-1", voice="nobody", input="Hi.")
@@ -178,9 +188,14 @@ def test_official_openai_client_passes_over_the_word_events(server: Server) -> N
     from openai._streaming import SSEDecoder
 
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
-    with client.audio.speech.with_streaming_response.create(model="gpt-4o-mini-tts", voice="alloy", input=TEXT,
-                                                            response_format="pcm", stream_format="sse",
-                                                            extra_body={"seed": 8}) as response:
+    with client.audio.speech.with_streaming_response.create(
+        model="gpt-4o-mini-tts",
+        voice="alloy",
+        input=TEXT,
+        response_format="pcm",
+        stream_format="sse",
+        extra_body={"seed": 8},
+    ) as response:
         events = [event.json() for event in SSEDecoder().iter_bytes(response.iter_bytes())]
     kinds = [event["type"] for event in events]
     assert kinds[-1] == "speech.audio.done" and set(kinds) == {"speech.audio.delta", "speech.word", "speech.audio.done"}
@@ -190,13 +205,20 @@ def test_official_openai_client_passes_over_the_word_events(server: Server) -> N
     assert words[0]["text"] == "Streaming" and words[0]["start_s"] < words[-1]["start_s"] < len(audio) / 2 / 24000
 
 
-@pytest.mark.parametrize("written,spoken", [
-    ("Bring snacks, e.g. apples.", "Bring snacks, for example apples."),
-    ("Dr. Smith paid $1,250.75.", "Doctor Smith paid one thousand two hundred fifty dollars and seventy five cents."),
-    ("Born 07/04/1990 at 18:20.", "Born July fourth, nineteen ninety at eighteen twenty."),
-])
-def test_normalize_reads_the_spoken_form_and_false_reads_the_text_as_sent(server: Server, written: str,
-                                                                        spoken: str) -> None:
+@pytest.mark.parametrize(
+    "written,spoken",
+    [
+        ("Bring snacks, e.g. apples.", "Bring snacks, for example apples."),
+        (
+            "Dr. Smith paid $1,250.75.",
+            "Doctor Smith paid one thousand two hundred fifty dollars and seventy five cents.",
+        ),
+        ("Born 07/04/1990 at 18:20.", "Born July fourth, nineteen ninety at eighteen twenty."),
+    ],
+)
+def test_normalize_reads_the_spoken_form_and_false_reads_the_text_as_sent(
+    server: Server, written: str, spoken: str
+) -> None:
     """The voice hears the spoken form: the same speech, sample for sample, as the spoken form sent as text."""
     normalized = np.frombuffer(speech(server, input=written, response_format="pcm", seed=5).content, dtype="<i2")
     said = np.frombuffer(speech(server, input=spoken, response_format="pcm", seed=5).content, dtype="<i2")

@@ -120,16 +120,29 @@ def test_no_import_cycles() -> None:
 
 def test_the_engine_does_not_import_the_transports() -> None:
     graph = import_graph()
-    wrong = sorted(f"{name} imports {target}" for name, targets in graph.items() if name.startswith("rtvoice.engine")
-                   for target in targets if target.startswith("rtvoice.app"))
+    wrong = sorted(
+        f"{name} imports {target}"
+        for name, targets in graph.items()
+        if name.startswith("rtvoice.engine")
+        for target in targets
+        if target.startswith("rtvoice.app")
+    )
     assert not wrong, wrong
 
 
 # -- the engine's facade ---------------------------------------------------------------------------------------
 
-ENGINE_INTERNALS = ("rtvoice.engine.scheduler", "rtvoice.engine.admission", "rtvoice.engine.core",
-                    "rtvoice.engine.runner", "rtvoice.engine.policy", "rtvoice.engine.cost",
-                    "rtvoice.engine.cloning", "rtvoice.engine.models.piper", "rtvoice.engine.models.cosyvoice2")
+ENGINE_INTERNALS = (
+    "rtvoice.engine.scheduler",
+    "rtvoice.engine.admission",
+    "rtvoice.engine.core",
+    "rtvoice.engine.runner",
+    "rtvoice.engine.policy",
+    "rtvoice.engine.cost",
+    "rtvoice.engine.cloning",
+    "rtvoice.engine.models.piper",
+    "rtvoice.engine.models.cosyvoice2",
+)
 """What only the engine itself uses: the scheduler and its parts, the runner, the model packages."""
 CHECKS_BEFORE_A_STREAM = {"check_text", "resolve_voice", "check_sample_rate", "check_options", "scheduler"}
 """What transports once called or read themselves before opening a stream; ``Engine.open_stream`` checks a request."""
@@ -137,8 +150,13 @@ CHECKS_BEFORE_A_STREAM = {"check_text", "resolve_voice", "check_sample_rate", "c
 
 def test_transports_use_only_the_engine_facade() -> None:
     graph = import_graph()
-    wrong = sorted(f"{name} imports {target}" for name, targets in graph.items() if name.startswith("rtvoice.app")
-                   for target in targets if target.startswith(ENGINE_INTERNALS))
+    wrong = sorted(
+        f"{name} imports {target}"
+        for name, targets in graph.items()
+        if name.startswith("rtvoice.app")
+        for target in targets
+        if target.startswith(ENGINE_INTERNALS)
+    )
     assert not wrong, wrong
 
 
@@ -149,7 +167,8 @@ def engine_attributes_read(path: Path) -> set[str]:
         if isinstance(node, ast.Attribute):
             owner = node.value
             if (isinstance(owner, ast.Name) and owner.id == "engine") or (
-                    isinstance(owner, ast.Attribute) and owner.attr == "engine"):
+                isinstance(owner, ast.Attribute) and owner.attr == "engine"
+            ):
                 names.add(node.attr)
     return names
 
@@ -162,9 +181,12 @@ def test_the_attribute_reader_sees_reads_off_the_engine(tmp_path: Path) -> None:
 
 def test_transports_leave_requests_to_the_engine() -> None:
     """No transport checks text, voices, rates or options itself, nor reads the engine's scheduler or privates."""
-    wrong = sorted(f"{path.relative_to(REPO)} reads engine.{attribute}" for path in (REPO / "app").rglob("*.py")
-                   for attribute in engine_attributes_read(path)
-                   if attribute in CHECKS_BEFORE_A_STREAM or attribute.startswith("_"))
+    wrong = sorted(
+        f"{path.relative_to(REPO)} reads engine.{attribute}"
+        for path in (REPO / "app").rglob("*.py")
+        for attribute in engine_attributes_read(path)
+        if attribute in CHECKS_BEFORE_A_STREAM or attribute.startswith("_")
+    )
     assert not wrong, wrong
 
 
@@ -193,7 +215,10 @@ def test_the_import_reader_sees_top_level_packages(tmp_path: Path) -> None:
 
 
 def test_tests_and_bench_do_not_import_each_other() -> None:
-    wrong = sorted(f"{path.relative_to(REPO)} imports {package}"
-                   for folder, forbidden in MUST_NOT_IMPORT.items() for path in (REPO / folder).rglob("*.py")
-                   for package in top_level_imports(path) & forbidden)
+    wrong = sorted(
+        f"{path.relative_to(REPO)} imports {package}"
+        for folder, forbidden in MUST_NOT_IMPORT.items()
+        for path in (REPO / folder).rglob("*.py")
+        for package in top_level_imports(path) & forbidden
+    )
     assert not wrong, wrong

@@ -29,8 +29,11 @@ def _synthesize(trim: bool) -> tuple[np.ndarray, list[WordTiming]]:
         engine = reference_engine()
         await engine.start()
         try:
-            stream = engine.open_stream(SynthesisRequest(text=TEXT, options=SynthesisOptions(seed=7), sample_rate=RATE,
-                                                         trim_leading_silence=trim))
+            stream = engine.open_stream(
+                SynthesisRequest(
+                    text=TEXT, options=SynthesisOptions(seed=7), sample_rate=RATE, trim_leading_silence=trim
+                )
+            )
             events = [event async for event in stream.events()]
         finally:
             await engine.stop()

@@ -22,10 +22,19 @@ from tests.test_whep import offer_sdp
 from testkit.whep_client import refused_then_spoken
 
 LIMITS = {
-    "max_body_bytes": "4096", "max_upload_bytes": "65536", "max_form_parts": "4", "body_timeout_s": "1.5",
-    "header_timeout_s": "1.5", "max_header_bytes": "4096", "ws_max_message_bytes": "2048",
-    "ws_max_connections": "3", "ws_idle_timeout_s": "1.5", "whep_max_sdp_bytes": "16384",
-    "whep_max_trickle_bytes": "1024", "whep_max_message_bytes": "1024", "max_connections": "40",
+    "max_body_bytes": "4096",
+    "max_upload_bytes": "65536",
+    "max_form_parts": "4",
+    "body_timeout_s": "1.5",
+    "header_timeout_s": "1.5",
+    "max_header_bytes": "4096",
+    "ws_max_message_bytes": "2048",
+    "ws_max_connections": "3",
+    "ws_idle_timeout_s": "1.5",
+    "whep_max_sdp_bytes": "16384",
+    "whep_max_trickle_bytes": "1024",
+    "whep_max_message_bytes": "1024",
+    "max_connections": "40",
 }
 
 
@@ -62,18 +71,21 @@ def read_all(sock: socket.socket, timeout: float) -> bytes:
 def test_body_size_by_content_length_and_by_chunks(limited: Server) -> None:
     url = f"{limited.url}/v1/audio/speech"
     big = json.dumps({"model": "tts-1", "voice": "alloy", "input": "a" * 5000})
-    assert error_code(httpx.post(url, content=big, headers={"Content-Type": "application/json"}), 413) == \
-        "body_too_large"
+    assert (
+        error_code(httpx.post(url, content=big, headers={"Content-Type": "application/json"}), 413) == "body_too_large"
+    )
 
     def chunks():  # no Content-Length: chunked transfer, refused once the limit is passed
         for _ in range(10):
             yield b"x" * 1000
 
     assert error_code(httpx.post(url, content=chunks()), 413) == "body_too_large"
-    assert error_code(httpx.post(f"{limited.url}/inference_sft", data={"tts_text": "a" * 5000}), 413) == \
-        "body_too_large"
-    fine = httpx.post(url, json={"model": "tts-1", "voice": "alloy", "input": "Hi.", "response_format": "pcm"},
-                      timeout=60)
+    assert (
+        error_code(httpx.post(f"{limited.url}/inference_sft", data={"tts_text": "a" * 5000}), 413) == "body_too_large"
+    )
+    fine = httpx.post(
+        url, json={"model": "tts-1", "voice": "alloy", "input": "Hi.", "response_format": "pcm"}, timeout=60
+    )
     assert fine.status_code == 200 and len(fine.content) > 10_000
 
 
@@ -82,16 +94,19 @@ def test_upload_size_and_form_parts(limited: Server) -> None:
     response = httpx.post(f"{limited.url}/inference_cross_lingual", data={"tts_text": "Hi."}, files=files)
     assert error_code(response, 413) == "body_too_large"
     fields = {f"field{i}": "x" for i in range(6)}
-    response = httpx.post(f"{limited.url}/inference_sft", data={"tts_text": "Hi.", **fields},
-                          files={"f": ("f.txt", b"x", "text/plain")})
+    response = httpx.post(
+        f"{limited.url}/inference_sft", data={"tts_text": "Hi.", **fields}, files={"f": ("f.txt", b"x", "text/plain")}
+    )
     assert response.status_code == 400 and "malformed form body" in response.json()["error"]["message"]
 
 
 def test_a_slow_body_gets_408_and_frees_the_connection(limited: Server) -> None:
     host, port = address(limited)
     with socket.create_connection((host, port)) as sock:
-        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 1000\r\n\r\n{\"model\"")
+        sock.sendall(
+            b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"model"'
+        )
         started = time.monotonic()
         answer = read_all(sock, timeout=10)
         took = time.monotonic() - started
@@ -223,8 +238,9 @@ def test_sdp_and_trickle_sizes(limited: Server) -> None:
             assert created.status_code == 201
             session = f"{limited.url}{created.headers['location']}"
             fragment = "a=candidate:1 1 udp 2130706431 127.0.0.1 9 typ host\r\n" * 30
-            response = httpx.patch(session, content=fragment,
-                                   headers={"Content-Type": "application/trickle-ice-sdpfrag"})
+            response = httpx.patch(
+                session, content=fragment, headers={"Content-Type": "application/trickle-ice-sdpfrag"}
+            )
             assert error_code(response, 413) == "body_too_large"
             assert httpx.delete(session).status_code == 200
         finally:

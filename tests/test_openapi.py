@@ -153,7 +153,12 @@ def test_post_takes_a_form_body(document: dict[str, Any], path: str) -> None:
 
 def test_a_field_in_query_and_body_takes_the_body_value(server: Server) -> None:
     """What the GET body's description says, as the server does it."""
-    response = httpx.request("GET", f"{server.url}/inference_sft", params={"spk_id": "no-such-voice"},
-                             data={"tts_text": "Body wins.", "spk_id": "en_US-joe-medium", "format": "pcm"}, timeout=60)
+    response = httpx.request(
+        "GET",
+        f"{server.url}/inference_sft",
+        params={"spk_id": "no-such-voice"},
+        data={"tts_text": "Body wins.", "spk_id": "en_US-joe-medium", "format": "pcm"},
+        timeout=60,
+    )
     assert response.status_code == 200 and response.headers["x-voice"] == "en_US-joe-medium"
     assert len(response.content) > 2 * EMBEDDED_VOICE_RATE // 4

@@ -41,8 +41,14 @@ def test_every_source_package_is_listed() -> None:
 
 
 def _installed_site_packages(python: Path) -> Path:
-    return Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    return Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
 
 
 def test_the_wheel_installs_and_serves_the_page_from_any_directory(tmp_path: Path) -> None:
@@ -55,12 +61,27 @@ def test_the_wheel_installs_and_serves_the_page_from_any_directory(tmp_path: Pat
         shutil.copytree(REPO / directory, source / directory, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     wheels = tmp_path / "wheels"
     # No build isolation: setuptools>=77 comes with the test extra, so the build needs no download.
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(wheels), str(source)], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(wheels),
+            str(source),
+        ],
+        check=True,
+        timeout=300,
+    )
     (wheel,) = wheels.glob("rtvoice-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {name.split("/")[0] for name in names if ".dist-info/" not in name} == {"rtvoice"}, (
-        "the wheel must install everything under rtvoice/, nothing at the top of site-packages")
+        "the wheel must install everything under rtvoice/, nothing at the top of site-packages"
+    )
     assert {"rtvoice/web/index.html", "rtvoice/web/app.js", "rtvoice/web/style.css"} <= set(names)
 
     venv = tmp_path / "venv"
@@ -70,21 +91,43 @@ def test_the_wheel_installs_and_serves_the_page_from_any_directory(tmp_path: Pat
     # The dependencies: this test environment's site-packages, after the venv's own (a .pth adds them to
     # sys.path without running their .pth files, so this checkout's editable install stays out).
     (site_packages / "test_environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-                    "--no-index", str(wheel)], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        check=True,
+        timeout=300,
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {**os.environ, "PYTHONPATH": ""}
-    where = subprocess.run([str(python), "-c", "import rtvoice.app, rtvoice.web; print(rtvoice.app.__file__)"],
-                           cwd=elsewhere, env=env, check=True, capture_output=True, text=True).stdout
+    where = subprocess.run(
+        [str(python), "-c", "import rtvoice.app, rtvoice.web; print(rtvoice.app.__file__)"],
+        cwd=elsewhere,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert Path(where.strip()).is_relative_to(site_packages), where
     assert not (site_packages / "app").exists() and not (site_packages / "engine").exists()
-    version = subprocess.run([str(venv / "bin" / "rtvoice"), "--version"], cwd=elsewhere, env=env, check=True,
-                             capture_output=True, text=True).stdout
+    version = subprocess.run(
+        [str(venv / "bin" / "rtvoice"), "--version"], cwd=elsewhere, env=env, check=True, capture_output=True, text=True
+    ).stdout
     assert version.strip() == f"rtvoice {tomllib.loads((REPO / 'pyproject.toml').read_text())['project']['version']}"
 
-    server = start_rtvoice({"RTVOICE_WARMUP": "false", "PYTHONPATH": ""}, command=[str(venv / "bin" / "rtvoice"),
-                                                                                   "serve"], cwd=elsewhere)
+    server = start_rtvoice(
+        {"RTVOICE_WARMUP": "false", "PYTHONPATH": ""}, command=[str(venv / "bin" / "rtvoice"), "serve"], cwd=elsewhere
+    )
     try:
         page = httpx.get(f"{server.url}/")
         assert page.status_code == 200 and "<title>rtvoice</title>" in page.text

@@ -37,8 +37,17 @@ def test_a_streamed_wav_with_a_canonical_header_matching_the_engine(server: Serv
     body = b"".join(pieces)
     header, samples = parse_wav(body)
     assert len(pieces) >= 2  # the header leaves before the audio is complete
-    assert header == {"riff_size": 0xFFFFFFFF, "fmt_size": 16, "format": 1, "channels": 1, "sample_rate": RATE,
-                      "byte_rate": 2 * RATE, "block_align": 2, "bits": 16, "data_size": 0xFFFFFFFF}
+    assert header == {
+        "riff_size": 0xFFFFFFFF,
+        "fmt_size": 16,
+        "format": 1,
+        "channels": 1,
+        "sample_rate": RATE,
+        "byte_rate": 2 * RATE,
+        "block_align": 2,
+        "bits": 16,
+        "data_size": 0xFFFFFFFF,
+    }
     assert same_speech(samples, synthesize(TEXT, seed=12))
 
 
@@ -51,8 +60,9 @@ def test_length_scale_is_speed_relative_to_the_voice(server: Server) -> None:
 def test_pipers_other_fields_are_accepted(server: Server) -> None:
     """Speaker and noise fields as Piper's clients send them; an unknown voice speaks with the default voice,
     as in Piper's server, and X-Voice says which."""
-    response = synthesize_http(server, voice="en_US-ryan-high", speaker="0", speaker_id=0, noise_scale=0.5,
-                               noise_w_scale=0.6, seed=7)
+    response = synthesize_http(
+        server, voice="en_US-ryan-high", speaker="0", speaker_id=0, noise_scale=0.5, noise_w_scale=0.6, seed=7
+    )
     assert response.status_code == 200 and response.headers["x-voice"] == "en_US-joe-medium"
     assert same_speech(parse_wav(response.content)[1], synthesize(TEXT, seed=7))
     named = synthesize_http(server, voice="alloy", seed=7)
@@ -61,21 +71,28 @@ def test_pipers_other_fields_are_accepted(server: Server) -> None:
 
 def test_piper_json_without_a_content_type(server: Server) -> None:
     """Piper's server reads the body as JSON whatever the Content-Type says; so does rtvoice."""
-    response = httpx.post(f"{server.url}/synthesize", content=json.dumps({"text": TEXT}).encode(),
-                          headers={"Content-Type": "text/plain"}, timeout=60)
+    response = httpx.post(
+        f"{server.url}/synthesize",
+        content=json.dumps({"text": TEXT}).encode(),
+        headers={"Content-Type": "text/plain"},
+        timeout=60,
+    )
     header, samples = parse_wav(response.content)
     assert response.status_code == 200 and header["sample_rate"] == RATE and len(samples) / RATE > 1.0
     assert np.sqrt(np.mean((samples / 32767.0) ** 2)) > 0.02
 
 
-@pytest.mark.parametrize("body,code,param", [
-    ({}, "empty_input", "text"),
-    ({"text": "   "}, "empty_input", "text"),
-    ({"text": TEXT, "length_scale": 0}, "invalid_value", "length_scale"),
-    ({"text": TEXT, "length_scale": 100}, "invalid_value", "length_scale"),
-    ({"text": TEXT, "noise_scale": -1}, "invalid_value", "noise_scale"),
-    ({"text": "x" * 4097}, "input_too_long", "text"),
-])
+@pytest.mark.parametrize(
+    "body,code,param",
+    [
+        ({}, "empty_input", "text"),
+        ({"text": "   "}, "empty_input", "text"),
+        ({"text": TEXT, "length_scale": 0}, "invalid_value", "length_scale"),
+        ({"text": TEXT, "length_scale": 100}, "invalid_value", "length_scale"),
+        ({"text": TEXT, "noise_scale": -1}, "invalid_value", "noise_scale"),
+        ({"text": "x" * 4097}, "input_too_long", "text"),
+    ],
+)
 def test_bad_requests(server: Server, body: dict[str, Any], code: str, param: str) -> None:
     response = httpx.post(f"{server.url}/synthesize", json=body, timeout=10)
     assert response.status_code == 400

@@ -46,15 +46,16 @@ def conditioned_decoder(opset: int) -> Stage:
     def weight(name: str, *shape: int) -> onnx.TensorProto:
         return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3, name)
 
-    inputs = [helper.make_tensor_value_info("latent", TensorProto.FLOAT, None),
-              helper.make_tensor_value_info("speaker", TensorProto.FLOAT, None)]
+    inputs = [
+        helper.make_tensor_value_info("latent", TensorProto.FLOAT, None),
+        helper.make_tensor_value_info("speaker", TensorProto.FLOAT, None),
+    ]
     nodes = [
         helper.make_node("Conv", ["latent", "pre_w", "pre_b"], ["pre"], kernel_shape=[7], pads=[3, 3]),
         helper.make_node("Conv", ["speaker", "cond_w"], ["cond"], kernel_shape=[1]),
         helper.make_node("Add", ["pre", "cond"], ["conditioned"]),
         helper.make_node("LeakyRelu", ["conditioned"], ["act"], alpha=0.1),
-        helper.make_node("ConvTranspose", ["act", "up_w", "up_b"], ["up"], kernel_shape=[8], strides=[4],
-                         pads=[2, 2]),
+        helper.make_node("ConvTranspose", ["act", "up_w", "up_b"], ["up"], kernel_shape=[8], strides=[4], pads=[2, 2]),
         helper.make_node("Conv", ["up", "res_w", "res_b"], ["res"], kernel_shape=[3], dilations=[2], pads=[2, 2]),
         helper.make_node("Add", ["res", "up"], ["sum"]),
         helper.make_node("Div", ["sum", "two"], ["half"]),
@@ -68,9 +69,15 @@ def conditioned_decoder(opset: int) -> Stage:
     else:
         nodes.append(helper.make_node("Unsqueeze", ["wave"], ["output"], axes=[1]))
     initializers = [
-        weight("pre_w", 16, 8, 7), weight("pre_b", 16), weight("cond_w", 16, 4, 1),
-        weight("up_w", 16, 8, 8), weight("up_b", 8), weight("res_w", 8, 8, 3), weight("res_b", 8),
-        weight("post_w", 1, 8, 7), numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two"),
+        weight("pre_w", 16, 8, 7),
+        weight("pre_b", 16),
+        weight("cond_w", 16, 4, 1),
+        weight("up_w", 16, 8, 8),
+        weight("up_b", 8),
+        weight("res_w", 8, 8, 3),
+        weight("res_b", 8),
+        weight("post_w", 1, 8, 7),
+        numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two"),
         numpy_helper.from_array(np.array([1], dtype=np.int64), "axis_one"),
     ]
     output = helper.make_tensor_value_info("output", TensorProto.FLOAT, None)
@@ -89,8 +96,10 @@ def test_a_conditioned_decoder_gives_the_same_audio_in_2d() -> None:
         assert conv_weight_ranks(decoder) == [3] * 5
         assert layout.input_channels(decoder) == 8
         rng = np.random.default_rng(opset)
-        feeds = {"latent": rng.standard_normal((2, 8, 40), dtype=np.float32),
-                 "speaker": rng.standard_normal((2, 4, 1), dtype=np.float32)}
+        feeds = {
+            "latent": rng.standard_normal((2, 8, 40), dtype=np.float32),
+            "speaker": rng.standard_normal((2, 4, 1), dtype=np.float32),
+        }
         (expected,) = session(decoder).run(None, feeds)
         (actual,) = session(rewritten).run(None, feeds)
         assert actual.shape == expected.shape == (2, 1, 1, 160)
@@ -98,9 +107,12 @@ def test_a_conditioned_decoder_gives_the_same_audio_in_2d() -> None:
 
 
 def test_a_stage_without_convolutions_on_its_input_is_left_as_it_is() -> None:
-    graph = helper.make_graph([helper.make_node("Tanh", ["x"], ["y"])], "plain",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("Tanh", ["x"], ["y"])],
+        "plain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
     stage = Stage(model=helper.make_model(graph).SerializeToString(), inputs=["x"], outputs=["y"])
     assert layout.two_dimensional(stage) is None
     assert layout.input_channels(stage) is None

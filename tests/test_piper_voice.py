@@ -58,9 +58,15 @@ def test_split_graph_equals_the_original(piper_voice: PiperVoice) -> None:
     original = onnxruntime.InferenceSession(str(embedded_voice_path()), providers=["CPUExecutionProvider"])
     (reference,) = original.run(None, {"input": ids, "input_lengths": lengths, "scales": scales})
     g = piper_voice.graphs
-    feeds = {"input": ids, "input_lengths": lengths, "scales": scales,
-             **{name: np.zeros((1, c, ids.shape[1]), np.float32)
-                for name, c in zip(g.duration_noise, piper_voice.duration_noise_channels)}}
+    feeds = {
+        "input": ids,
+        "input_lengths": lengths,
+        "scales": scales,
+        **{
+            name: np.zeros((1, c, ids.shape[1]), np.float32)
+            for name, c in zip(g.duration_noise, piper_voice.duration_noise_channels)
+        },
+    }
     encoded = dict(zip(g.encoder.outputs, piper_voice.encoder.run(None, feeds)))
     flow_feeds = {k: v for k, v in encoded.items() if k in g.flow.inputs}
     flow_feeds[g.prior_noise] = np.zeros_like(encoded[g.prior_mean])
@@ -91,13 +97,19 @@ def test_context_is_measured_within_the_graphs_reach(piper_voice: PiperVoice) ->
     assert 0 < piper_voice.flow_context <= graph.context_frames(g.flow)
     assert 0 < piper_voice.decoder_context <= graph.context_frames(g.decoder)
     smallest = piper_voice.geometry.first_chunk
-    long_one, short_one = (piper_voice.sentence_stages(text, seed) for seed, text in
-                           ((3, SENTENCE), (4, "One moment while I look that up for you. It seems the card expired.")))
-    in_smallest = [snr_db(stages.audio, streamed_audio(piper_voice, stages, smallest, smallest))
-                   for stages in (long_one, short_one)]
+    long_one, short_one = (
+        piper_voice.sentence_stages(text, seed)
+        for seed, text in ((3, SENTENCE), (4, "One moment while I look that up for you. It seems the card expired."))
+    )
+    in_smallest = [
+        snr_db(stages.audio, streamed_audio(piper_voice, stages, smallest, smallest))
+        for stages in (long_one, short_one)
+    ]
     in_single_frames = snr_db(short_one.audio, streamed_audio(piper_voice, short_one, 1, smallest))
-    print(f"streamed against whole: {min(in_smallest):.1f} dB or more in the smallest chunks, {in_single_frames:.1f} "
-          "in 1-frame flow windows")
+    print(
+        f"streamed against whole: {min(in_smallest):.1f} dB or more in the smallest chunks, {in_single_frames:.1f} "
+        "in 1-frame flow windows"
+    )
     assert min(in_smallest) >= context.TOLERANCE_DB - 20  # measured on one sentence: others within 20 dB
     assert in_single_frames >= SAME_SPEECH_DB + 10
 
@@ -111,10 +123,10 @@ def test_least_context_of_a_known_filter() -> None:
 
     def run(lo: int, hi: int) -> np.ndarray:
         chunk = signal[lo:hi]
-        return np.convolve(chunk, taps, mode="full")[reach: reach + len(chunk)]  # zeros past the chunk's ends
+        return np.convolve(chunk, taps, mode="full")[reach : reach + len(chunk)]  # zeros past the chunk's ends
 
     whole = run(0, len(signal))
-    power = float(np.mean(whole ** 2))
+    power = float(np.mean(whole**2))
 
     def streamed(frames_around: int) -> np.ndarray:
         return context.tiled(run, len(signal), 1, 10, frames_around)

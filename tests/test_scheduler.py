@@ -82,8 +82,9 @@ def stalled(sim: Simulation) -> list[int]:
 # -- the policy -------------------------------------------------------------------------------------
 
 
-def ready(stream_id: int, due_at: float | None, since: float = 0.0, step_s: float = 0.02,
-          to_audio_s: float = 0.03) -> policy.Ready:
+def ready(
+    stream_id: int, due_at: float | None, since: float = 0.0, step_s: float = 0.02, to_audio_s: float = 0.03
+) -> policy.Ready:
     step = Step(("decode",), FakeDecode(DecodeChunk(0, 1, 0, 1)), None)  # type: ignore[arg-type]
     return policy.Ready(stream_id, step, step_s, to_audio_s, due_at, since)
 
@@ -436,18 +437,30 @@ def test_the_admission_test_compares_demand_and_supply_wherever_either_changes()
         for _ in range(int(rng.integers(1, 12))):
             start_audio = float(rng.choice([0.0, rng.uniform(0.1, 3.0)]))
             remaining = float(rng.choice([math.inf, rng.uniform(0.0, 8.0)]))
-            needs.append(Need(start_s=float(rng.uniform(0.0, 0.2)), due_at=clock + float(rng.uniform(0.0, 3.0)),
-                              per_audio_s=float(rng.uniform(0.02, 0.25)), remaining_s=remaining,
-                              start_extra_s=float(rng.uniform(0.0, 0.3)) if start_audio else 0.0,
-                              start_audio_s=start_audio))
+            needs.append(
+                Need(
+                    start_s=float(rng.uniform(0.0, 0.2)),
+                    due_at=clock + float(rng.uniform(0.0, 3.0)),
+                    per_audio_s=float(rng.uniform(0.02, 0.25)),
+                    remaining_s=remaining,
+                    start_extra_s=float(rng.uniform(0.0, 0.3)) if start_audio else 0.0,
+                    start_audio_s=start_audio,
+                )
+            )
         slots_free_at = [clock + float(rng.choice([0.0, rng.uniform(0.0, 0.5)])) for _ in range(2)]
         max_load = float(rng.uniform(0.3, 1.0))
         newcomer, admitted = needs[-1], needs[:-1]
-        times = set(slots_free_at) | {t for n in needs for t in (n.due_at, n.due_at + n.start_audio_s,
-                                                                 n.due_at + n.remaining_s) if math.isfinite(t)}
-        by_definition = (sum(n.per_audio_s for n in needs if math.isinf(n.remaining_s)) <= max_load * 2
-                         and all(sum(n.by(t) for n in needs) <= max_load * sum(max(0.0, t - f) for f in slots_free_at)
-                                 + 1e-9 for t in times if t >= newcomer.due_at))
+        times = set(slots_free_at) | {
+            t
+            for n in needs
+            for t in (n.due_at, n.due_at + n.start_audio_s, n.due_at + n.remaining_s)
+            if math.isfinite(t)
+        }
+        by_definition = sum(n.per_audio_s for n in needs if math.isinf(n.remaining_s)) <= max_load * 2 and all(
+            sum(n.by(t) for n in needs) <= max_load * sum(max(0.0, t - f) for f in slots_free_at) + 1e-9
+            for t in times
+            if t >= newcomer.due_at
+        )
         assert schedulable(newcomer, admitted, slots_free_at, max_load) == by_definition
         verdicts.append(by_definition)
     assert 0.2 < np.mean(verdicts) < 0.8  # both answers are exercised
@@ -520,8 +533,9 @@ def test_overloaded_past_the_queue_with_retry_after_from_the_rate_streams_finish
 
 
 def _seeded(server: Server, seed: int, text: str) -> bytes:
-    response = httpx.post(f"{server.url}/inference_sft", data={"tts_text": text, "seed": str(seed), "format": "pcm"},
-                          timeout=120)
+    response = httpx.post(
+        f"{server.url}/inference_sft", data={"tts_text": text, "seed": str(seed), "format": "pcm"}, timeout=120
+    )
     assert response.status_code == 200
     return response.content
 
@@ -545,12 +559,20 @@ def test_batching_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
                 return np.concatenate([pcm async for pcm in stream.audio()])
 
             if together:
-                streams = [engine.open_stream(SynthesisRequest(text=t, voice=voice.id, options=SynthesisOptions(seed=100 + i)))
-                           for i, t in enumerate(texts)]
+                streams = [
+                    engine.open_stream(SynthesisRequest(text=t, voice=voice.id, options=SynthesisOptions(seed=100 + i)))
+                    for i, t in enumerate(texts)
+                ]
                 pcm = list(await asyncio.gather(*(speak(stream) for stream in streams)))
             else:
-                pcm = [await speak(engine.open_stream(SynthesisRequest(text=t, voice=voice.id, options=SynthesisOptions(seed=100 + i))))
-                       for i, t in enumerate(texts)]
+                pcm = [
+                    await speak(
+                        engine.open_stream(
+                            SynthesisRequest(text=t, voice=voice.id, options=SynthesisOptions(seed=100 + i))
+                        )
+                    )
+                    for i, t in enumerate(texts)
+                ]
             return pcm, max(len(d.stream_ids) for d in engine.scheduler.decisions)
         finally:
             await engine.stop()
@@ -574,10 +596,13 @@ def test_first_calls_on_every_core_change_nothing() -> None:
         await engine.start()
         try:
             voice = engine.voices.resolve(None)
-            stream = engine.open_stream(SynthesisRequest(text=text, voice=voice.info.id, options=SynthesisOptions(seed=7)))
+            stream = engine.open_stream(
+                SynthesisRequest(text=text, voice=voice.info.id, options=SynthesisOptions(seed=7))
+            )
             pcm = np.concatenate([pcm async for pcm in stream.audio()])
-            counts = {kind: engine.metrics.wide_calls.labels(kind)._value.get()
-                      for kind in ("encode", "flow", "decode")}
+            counts = {
+                kind: engine.metrics.wide_calls.labels(kind)._value.get() for kind in ("encode", "flow", "decode")
+            }
             return pcm, counts, voice.wide_kinds()
         finally:
             await engine.stop()
@@ -604,8 +629,11 @@ def test_admission_limits_and_cancellation(start_server) -> None:  # type: ignor
                 c = httpx.post(f"{server.url}/inference_sft", data=body, timeout=10)
                 assert c.status_code == 503 and int(c.headers["retry-after"]) >= 1
                 assert c.json()["error"]["code"] == "overloaded"
-                openai = httpx.post(f"{server.url}/v1/audio/speech", timeout=10,
-                                    json={"model": "tts-1", "input": "Hi.", "voice": "alloy"})
+                openai = httpx.post(
+                    f"{server.url}/v1/audio/speech",
+                    timeout=10,
+                    json={"model": "tts-1", "input": "Hi.", "voice": "alloy"},
+                )
                 assert openai.status_code == 503 and "retry-after" in openai.headers
                 assert server.metric("rtvoice_rejected_streams_total") == 2
                 a.close()  # A's client leaves: B is promoted at once
@@ -617,8 +645,7 @@ def test_admission_limits_and_cancellation(start_server) -> None:  # type: ignor
                 assert server.metric("rtvoice_queue_wait_seconds_bucket", {"le": "0.01"}) == 1
                 assert server.metric("rtvoice_queue_wait_seconds_sum") > 0
                 # A queue place is free again: D is admitted (and waits behind B).
-                with httpx.stream("POST", f"{server.url}/inference_sft", data={"tts_text": SHORT},
-                                  timeout=60) as d:
+                with httpx.stream("POST", f"{server.url}/inference_sft", data={"tts_text": SHORT}, timeout=60) as d:
                     assert d.status_code == 200 and server.metric("rtvoice_queued_streams") == 1
     assert wait_for(lambda: server.metric("rtvoice_active_streams") == 0)
 
@@ -636,8 +663,7 @@ def test_past_capacity_newcomers_get_503_with_retry_after(start_server) -> None:
         for _ in range(math.ceil(capacity) + 2):
             client = httpx.Client(timeout=60)
             clients.append(client)
-            response = client.send(client.build_request("POST", f"{server.url}/inference_sft", data=body),
-                                   stream=True)
+            response = client.send(client.build_request("POST", f"{server.url}/inference_sft", data=body), stream=True)
             if response.status_code == 503:
                 refused = response
                 break
@@ -671,8 +697,11 @@ def test_metrics_parse_and_move(server: Server) -> None:
         return values
 
     before = snapshot()
-    response = httpx.post(f"{server.url}/v1/audio/speech", json={"model": "tts-1", "input": SHORT, "voice": "alloy",
-                                                                  "response_format": "pcm"}, timeout=60)
+    response = httpx.post(
+        f"{server.url}/v1/audio/speech",
+        json={"model": "tts-1", "input": SHORT, "voice": "alloy", "response_format": "pcm"},
+        timeout=60,
+    )
     assert response.status_code == 200
     httpx.post(f"{server.url}/v1/audio/speech", json={"model": "tts-1", "input": "", "voice": "alloy"}, timeout=10)
     after = snapshot()
@@ -693,8 +722,14 @@ def test_metrics_parse_and_move(server: Server) -> None:
     assert moved("rtvoice_model_call_seconds_count", kind="flow") >= 1
     assert moved("rtvoice_queue_wait_seconds_count") == 1  # the stream of the 200, not the refused request
     assert after["rtvoice_capacity_audio_seconds_per_second" + str(sorted(voice.items()))] > 0
-    for name in ("rtvoice_active_streams", "rtvoice_queued_streams", "rtvoice_late_chunks_total",
-                 "rtvoice_stall_seconds_total", "rtvoice_demand_audio_seconds_per_second", "rtvoice_load"):
+    for name in (
+        "rtvoice_active_streams",
+        "rtvoice_queued_streams",
+        "rtvoice_late_chunks_total",
+        "rtvoice_stall_seconds_total",
+        "rtvoice_demand_audio_seconds_per_second",
+        "rtvoice_load",
+    ):
         assert name + "[]" in after
 
 
@@ -707,7 +742,6 @@ def test_stream_audio_is_whole_under_concurrency(server: Server) -> None:
     for a, b in zip(alone, together):
         a_pcm, b_pcm = np.frombuffer(a, "<i2"), np.frombuffer(b, "<i2")
         assert same_speech(b_pcm, a_pcm), snr_db(a_pcm, b_pcm)
-
 
 
 def test_admission_leaves_the_room_calls_have_lately_overrun_their_estimates() -> None:

@@ -47,15 +47,26 @@ def test_startup_log(tmp_path: Path) -> None:
     assert lines and all(LINE.match(line) for line in lines), "\n".join(lines)
     assert not any("uvicorn.access" in line for line in lines), "one access log: rtvoice's"
     skipped = find(lines, r" WARNING +rtvoice\.engine\.voices: skipping .*half\.onnx: no half\.onnx\.json")
-    loaded = find(lines, r" INFO +rtvoice\.engine\.voices: loaded voice en_US-joe-medium \(piper, en_US, 22050 Hz\) "
-                         r"in \d+\.\d\d s")
-    warmed = find(lines, r" INFO +rtvoice\.engine\.voices: warmed up the voices in \d+\.\d\d s: "
-                         r"en_US-joe-medium \d+\.\d\d s")
-    ready = find(lines, rf" INFO +rtvoice\.app\.main: ready: the page at {re.escape(url)}/, API docs at "
-                        rf"{re.escape(url)}/docs; default voice en_US-joe-medium")
+    loaded = find(
+        lines,
+        r" INFO +rtvoice\.engine\.voices: loaded voice en_US-joe-medium \(piper, en_US, 22050 Hz\) "
+        r"in \d+\.\d\d s",
+    )
+    warmed = find(
+        lines,
+        r" INFO +rtvoice\.engine\.voices: warmed up the voices in \d+\.\d\d s: "
+        r"en_US-joe-medium \d+\.\d\d s",
+    )
+    ready = find(
+        lines,
+        rf" INFO +rtvoice\.app\.main: ready: the page at {re.escape(url)}/, API docs at "
+        rf"{re.escape(url)}/docs; default voice en_US-joe-medium",
+    )
     assert skipped < loaded < warmed < ready
     find(lines, rf" INFO +uvicorn: Uvicorn running on {re.escape(url)}")
-    find(lines, r' INFO +rtvoice\.access: 127\.0\.0\.1:\d+ "GET /voices HTTP/1\.1" 200 route=/voices key=- '
-                r'ttfa_ms=- audio_s=0 request_id=req_[0-9a-f]{32}$')
+    find(
+        lines,
+        r' INFO +rtvoice\.access: 127\.0\.0\.1:\d+ "GET /voices HTTP/1\.1" 200 route=/voices key=- '
+        r"ttfa_ms=- audio_s=0 request_id=req_[0-9a-f]{32}$",
+    )
     assert not any("GET /readyz" in line for line in lines), "probe requests stay out of the access log"
-

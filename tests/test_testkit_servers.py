@@ -33,8 +33,9 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_server_dies_with_a_run_killed_from_outside() -> None:
-    run = subprocess.Popen([sys.executable, "-c", RUN], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                           text=True)
+    run = subprocess.Popen(
+        [sys.executable, "-c", RUN], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert run.stdout is not None
         url, pid = run.stdout.readline().split()

@@ -2,9 +2,11 @@ import pytest
 
 from rtvoice.engine.text import Segmenter, is_speakable, normalize, segment
 
-LONG = ("When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone expected "
-        "a short meeting, but the discussion about the new budget, the delayed construction of the bridge, and the "
-        "future of the community garden went on for hours.")
+LONG = (
+    "When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone expected "
+    "a short meeting, but the discussion about the new budget, the delayed construction of the bridge, and the "
+    "future of the community garden went on for hours."
+)
 
 
 def test_sentences_and_abbreviations() -> None:
@@ -32,12 +34,15 @@ def test_word_boundary_when_no_clause() -> None:
 
 @pytest.mark.parametrize("first_clause_chars", [0, 24])
 def test_fragments_give_the_same_segments_as_whole_text(first_clause_chars: int) -> None:
-    text = ("Well then, if you insist, I will pay 1,000 dollars. " + LONG
-            + " Dr. Who? Yes! Numbers like 3.14 stay whole.\n\nA new paragraph")
+    text = (
+        "Well then, if you insist, I will pay 1,000 dollars. "
+        + LONG
+        + " Dr. Who? Yes! Numbers like 3.14 stay whole.\n\nA new paragraph"
+    )
     segmenter = Segmenter(90, 300, first_clause_chars=first_clause_chars)
     pieces: list[str] = []
     for i in range(0, len(text), 3):  # an LLM's few characters at a time
-        pieces += [piece.text for piece in segmenter.push(text[i:i + 3])]
+        pieces += [piece.text for piece in segmenter.push(text[i : i + 3])]
     pieces += [piece.text for piece in segmenter.flush()]
     assert pieces == segment(text, 90, 300, first_clause_chars=first_clause_chars)
     if first_clause_chars:
@@ -47,15 +52,20 @@ def test_fragments_give_the_same_segments_as_whole_text(first_clause_chars: int)
 def test_first_segment_ends_at_its_first_clause_past_the_threshold() -> None:
     text = "If that time does not suit you, I can move it to Friday, or to Monday. Later, shorter, clauses stay whole."
     assert segment(text, 90, 300, first_clause_chars=24) == [
-        "If that time does not suit you,", "I can move it to Friday, or to Monday.",
-        "Later, shorter, clauses stay whole."]
+        "If that time does not suit you,",
+        "I can move it to Friday, or to Monday.",
+        "Later, shorter, clauses stay whole.",
+    ]
     assert segment(text, 90, 300, first_clause_chars=0)[0] == (
-        "If that time does not suit you, I can move it to Friday, or to Monday.")
+        "If that time does not suit you, I can move it to Friday, or to Monday."
+    )
     # A clause shorter than the threshold is no place to cut; a sentence that ends first is its own segment.
     assert segment("Yes, of course, I can help you with that booking today.", 90, 300, first_clause_chars=24) == [
-        "Yes, of course, I can help you with that booking today."]
+        "Yes, of course, I can help you with that booking today."
+    ]
     assert segment("Thanks for calling. I can help you, of course.", 90, 300, first_clause_chars=10)[0] == (
-        "Thanks for calling.")
+        "Thanks for calling."
+    )
 
 
 def test_first_clause_waits_for_what_follows_its_mark() -> None:
@@ -70,7 +80,9 @@ def test_no_clause_cut_falls_inside_a_date_or_number() -> None:
     segmenter = Segmenter(90, 300, first_clause_chars=5)
     assert segmenter.push("We met on January 5, ") == []
     assert segmenter.push("2027 at noon, ") == []
-    assert [piece.text for piece in segmenter.push("then left.")] == ["We met on January fifth, twenty twenty seven at noon,"]
+    assert [piece.text for piece in segmenter.push("then left.")] == [
+        "We met on January fifth, twenty twenty seven at noon,"
+    ]
 
 
 def test_sentence_waits_for_what_follows_its_terminator() -> None:
@@ -90,4 +102,6 @@ def test_a_number_split_across_pieces_is_read_whole() -> None:
     segmenter = Segmenter(90, 300, first_clause_chars=5)
     assert segmenter.push("It costs $1,2") == []
     assert [piece.text for piece in segmenter.push("50.75, all told. ")] == [
-        "It costs one thousand two hundred fifty dollars and seventy five cents,", "all told."]
+        "It costs one thousand two hundred fifty dollars and seventy five cents,",
+        "all told.",
+    ]

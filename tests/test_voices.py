@@ -19,10 +19,12 @@ def test_voices_directory(tmp_path: Path, start_server) -> None:  # type: ignore
     server = start_server(voices_dir=str(tmp_path), openai_voice_map='{"nova": "en_US-second-medium"}')
     ids = [v["id"] for v in httpx.get(f"{server.url}/voices").json()]
     assert ids == ["en_US-joe-medium", "en_US-second-medium"]
-    response = httpx.post(f"{server.url}/inference_sft", data={"tts_text": "Second voice.", "spk_id": ids[1]},
-                          timeout=60)
+    response = httpx.post(
+        f"{server.url}/inference_sft", data={"tts_text": "Second voice.", "spk_id": ids[1]}, timeout=60
+    )
     assert response.status_code == 200 and response.headers["x-voice"] == "en_US-second-medium"
     assert len(parse_wav(response.content)[1]) > EMBEDDED_VOICE_RATE // 2
-    mapped = httpx.post(f"{server.url}/v1/audio/speech", json={"model": "tts-1", "input": "Hi.", "voice": "nova"},
-                        timeout=60)
+    mapped = httpx.post(
+        f"{server.url}/v1/audio/speech", json={"model": "tts-1", "input": "Hi.", "voice": "nova"}, timeout=60
+    )
     assert mapped.headers["x-voice"] == "en_US-second-medium"

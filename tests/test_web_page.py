@@ -51,9 +51,11 @@ def test_webrtc_stop_cancels(page) -> None:  # type: ignore[no-untyped-def]
     page.wait_for_function("window.rtvoice.events.some(e => e.type === 'cancelled')", timeout=10_000)
 
 
-STORY = ("When the committee gathered in the old library on a rainy afternoon, nobody expected the meeting to run past "
-         "midnight. The first item, a budget of $100 for new chairs, took an hour on its own. Then came the question "
-         "of the roof, which had leaked every winter for a decade, and the argument began all over again.")
+STORY = (
+    "When the committee gathered in the old library on a rainy afternoon, nobody expected the meeting to run past "
+    "midnight. The first item, a budget of $100 for new chairs, took an hour on its own. Then came the question "
+    "of the roof, which had leaked every winter for a decade, and the argument began all over again."
+)
 WORD_DRIFT_S = 0.15
 """How far a highlight may stray from its word's place in the audio (timers and a shared machine's scheduling)."""
 
@@ -74,16 +76,18 @@ def check_highlights_follow_the_audio(stats: dict) -> None:
     """Each highlight is a word of the text, in order, and they are as far apart as the words are in the audio:
     highlighting on arrival would bunch them (WebSocket audio arrives in chunks, ahead of playback)."""
     marks = stats["highlights"]
-    assert all(STORY[m["char_start"]:m["char_end"]] == m["text"] for m in marks), marks
+    assert all(STORY[m["char_start"] : m["char_end"]] == m["text"] for m in marks), marks
     starts = [m["char_start"] for m in marks]
     assert starts == sorted(set(starts)), starts
     first = marks[0]
     drift = [(m["at"] - first["at"]) / 1000 - (m["start_s"] - first["start_s"]) for m in marks]
     assert all(abs(d) < WORD_DRIFT_S for d in drift), drift
     shown = stats["highlights"][-1]
-    print(f"{stats['transport']}: {len(marks)} highlights, drift {min(drift):+.3f}..{max(drift):+.3f} s, "
-          f"first word {first['at'] - stats['firstAudioAt']:.0f} ms after first audio (its start_s "
-          f"{first['start_s']:.3f}), last shown {shown['text']!r}")
+    print(
+        f"{stats['transport']}: {len(marks)} highlights, drift {min(drift):+.3f}..{max(drift):+.3f} s, "
+        f"first word {first['at'] - stats['firstAudioAt']:.0f} ms after first audio (its start_s "
+        f"{first['start_s']:.3f}), last shown {shown['text']!r}"
+    )
 
 
 def check_heard(page, stats: dict) -> dict:  # type: ignore[no-untyped-def]
@@ -190,15 +194,19 @@ def test_docs_render_offline(offline_context, server: Server) -> None:  # type: 
     page.wait_for_selector(".opblock", timeout=20_000)
     paths = httpx.get(f"{server.url}/openapi.json").json()["paths"]
     shown = page.eval_on_selector_all(
-        ".opblock", "blocks => blocks.map(b => [b.querySelector('.opblock-summary-method').textContent.toLowerCase(),"
-                    " b.querySelector('.opblock-summary-path').getAttribute('data-path')])")
+        ".opblock",
+        "blocks => blocks.map(b => [b.querySelector('.opblock-summary-method').textContent.toLowerCase(),"
+        " b.querySelector('.opblock-summary-path').getAttribute('data-path')])",
+    )
     expected = [[method, path] for path, operations in paths.items() for method in operations]
     assert {tuple(op) for op in shown} == {tuple(op) for op in expected}  # an operation with two tags shows twice
     # GET /inference_sft opened: its query parameters and the form body CosyVoice's client sends.
     page.click("#operations-CosyVoice-inference_sft_get .opblock-summary")
     page.wait_for_selector("#operations-CosyVoice-inference_sft_get .parameters .parameter__name", timeout=10_000)
-    parameters = page.eval_on_selector_all("#operations-CosyVoice-inference_sft_get .parameters .parameter__in",
-                                           "cells => cells.map(c => c.textContent.trim())")
+    parameters = page.eval_on_selector_all(
+        "#operations-CosyVoice-inference_sft_get .parameters .parameter__in",
+        "cells => cells.map(c => c.textContent.trim())",
+    )
     assert parameters and set(parameters) == {"(query)"}
     assert page.is_visible("#operations-CosyVoice-inference_sft_get .opblock-section-request-body")
     assert offline_context.refused == []

@@ -23,11 +23,14 @@ from testkit.polling import wait_for
 from tests.engine_output import EMBEDDED_VOICE_RATE, reference_engine
 
 SENTENCE = "This sentence comes from rtvoice, streaming as it speaks."
-LONG_TEXT = " ".join([
-    "When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone expected a short",
-    "meeting, but the discussion about the new budget, the delayed construction of the bridge, and the future of the",
-    "community garden went on for hours.",
-] * 4)
+LONG_TEXT = " ".join(
+    [
+        "When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone expected a short",
+        "meeting, but the discussion about the new budget, the delayed construction of the bridge, and the future of the",
+        "community garden went on for hours.",
+    ]
+    * 4
+)
 NATIVE_RATE = EMBEDDED_VOICE_RATE
 
 
@@ -51,8 +54,9 @@ def engine_pcm(jobs: list[Job]) -> list[np.ndarray]:
         try:
             results = []
             for job in jobs:
-                stream = engine.open_stream(SynthesisRequest(options=SynthesisOptions(seed=job.seed),
-                                                             sample_rate=job.sample_rate))
+                stream = engine.open_stream(
+                    SynthesisRequest(options=SynthesisOptions(seed=job.seed), sample_rate=job.sample_rate)
+                )
                 events = stream.events()
                 chunks: list[np.ndarray] = []
                 done = 0
@@ -86,7 +90,7 @@ def ws_url(server: Server) -> str:
 
 
 def fragments(text: str, size: int = 4) -> list[str]:
-    return [text[i: i + size] for i in range(0, len(text), size)]
+    return [text[i : i + size] for i in range(0, len(text), size)]
 
 
 @dataclass
@@ -132,8 +136,9 @@ class Client:
         assert started["type"] == "started", started
         return started
 
-    async def utterance(self, until: Callable[[dict[str, Any]], bool] | None = None,
-                        into: Utterance | None = None) -> Utterance:
+    async def utterance(
+        self, until: Callable[[dict[str, Any]], bool] | None = None, into: Utterance | None = None
+    ) -> Utterance:
         """Audio and events up to the utterance's ``done`` (or until ``until`` says stop)."""
         result = into or Utterance()
         while True:
@@ -304,7 +309,7 @@ def test_words_come_before_their_audio_with_spans_in_the_text_sent(server: Serve
     utterance = session(server, body)
     words = [e for e in utterance.events if e["type"] == "word"]
     assert [w["text"] for w in words] == ["It", "costs", "$100", "Dr.", "Smith", "said", "Then", "we", "left"]
-    assert all(text[w["char_start"]:w["char_end"]] == w["text"] and w["utterance"] == 0 for w in words)
+    assert all(text[w["char_start"] : w["char_end"]] == w["text"] and w["utterance"] == 0 for w in words)
     assert all(w["approximate"] is False for w in words)
     audio_s = len(utterance.samples) / 16000
     starts = [w["start_s"] for w in words]
@@ -369,7 +374,7 @@ def test_cancel_stops_audio_within_a_chunk_and_new_text_works(server: Server) ->
     assert reached["audio_s"] == pytest.approx(received_s + after_s, abs=1e-3)
     whole = [w for w in words if w["end_s"] <= reached["audio_s"]]
     assert whole and reached["last_word"] == {k: v for k, v in whole[-1].items() if k not in ("type", "utterance")}
-    assert all(w["end_s"] > reached["audio_s"] for w in words[len(whole):])
+    assert all(w["end_s"] > reached["audio_s"] for w in words[len(whole) :])
     assert quiet and active == 0
     done = utterance.event("done")
     assert done["utterance"] == 1 and done["final"] is False

@@ -29,8 +29,13 @@ SPEECH_ENERGY_RMS = 0.03
 NO_MEDIA_WINDOW_S = 0.4
 """How long a connected player is watched for media it must not get before the first text (absence has no
 event to wait on)."""
-LONG = " ".join(["When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone",
-                 "expected a short meeting, but the discussion about the new budget went on for hours."] * 4)
+LONG = " ".join(
+    [
+        "When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone",
+        "expected a short meeting, but the discussion about the new budget went on for hours.",
+    ]
+    * 4
+)
 
 
 def run(coroutine: Coroutine[Any, Any, Any]) -> Any:
@@ -148,8 +153,9 @@ def test_offer_errors(server: Server) -> None:
             sendonly = sdp.replace("a=recvonly", "a=sendonly")
             assert_error(post_offer(server.url, sendonly), 400, "invalid_direction")
             pcmu_only = re.sub(r"m=audio (\d+) (\S+) [\d ]+", r"m=audio \1 \2 0", sdp)
-            pcmu_only = "\r\n".join(line for line in pcmu_only.split("\r\n")
-                                    if not re.match(r"a=(rtpmap|fmtp|rtcp-fb):(?!0 )", line))
+            pcmu_only = "\r\n".join(
+                line for line in pcmu_only.split("\r\n") if not re.match(r"a=(rtpmap|fmtp|rtcp-fb):(?!0 )", line)
+            )
             assert_error(post_offer(server.url, pcmu_only), 400, "unsupported_codec")
             error = assert_error(post_offer(server.url, sdp, voice="nobody"), 400, "voice_not_found")
             assert error["param"] == "voice"
@@ -186,8 +192,9 @@ def test_datachannel_request_is_heard(server: Server) -> None:
             underruns_before = server.metric("rtvoice_whep_underrun_seconds_total")
             await asyncio.sleep(NO_MEDIA_WINDOW_S)
             assert player.rtp == []  # connected, nothing said: media starts with the first text
-            sent = player.send({"type": "tts_request", "text": SHORT, "speaker_id": "en_US-joe-medium",
-                                "request_id": "r1"})
+            sent = player.send(
+                {"type": "tts_request", "text": SHORT, "speaker_id": "en_US-joe-medium", "request_id": "r1"}
+            )
             first = await player.wait_for_speech(sent)
             accepted = await player.event("accepted", "r1")
             start = await player.event("audio_start", "r1")
@@ -196,13 +203,15 @@ def test_datachannel_request_is_heard(server: Server) -> None:
             lead_in = player.frames_between(sent, first.at)[:1]
             during = player.frames_between(first.at, first.at + done["audio_s"])
             latency = first.at - sent
-            print(f"\nWHEP text -> first audible frame at the player: {latency * 1000:.0f} ms "
-                  f"(server ttfa_ms {start['ttfa_ms']})")
+            print(
+                f"\nWHEP text -> first audible frame at the player: {latency * 1000:.0f} ms "
+                f"(server ttfa_ms {start['ttfa_ms']})"
+            )
             assert accepted["voice"] == "en_US-joe-medium" and accepted["queue_position"] == 0
             assert lead_in and lead_in[0].rms < 1e-3  # media starts at once, with silence while speech is made
             underrun_frames = round((server.metric("rtvoice_whep_underrun_seconds_total") - underruns_before) / FRAME_S)
             assert_talkspurts_marked(player.rtp, utterances=1, underrun_frames=underrun_frames)
-            rms = float(np.sqrt(np.mean([f.rms ** 2 for f in during])))
+            rms = float(np.sqrt(np.mean([f.rms**2 for f in during])))
             assert rms > SPEECH_ENERGY_RMS
             assert 2.0 < done["audio_s"] < 8.0
             assert 0 <= start["ttfa_ms"] < 5000 and latency < 5.0
@@ -210,7 +219,7 @@ def test_datachannel_request_is_heard(server: Server) -> None:
             words = [e for e in player.events if e["type"] == "word"]
             assert types == ["accepted", "audio_start", *["word"] * len(words), "done"]
             assert [w["text"] for w in words] == SHORT.replace(",", "").replace(".", "").split()
-            assert all(SHORT[w["char_start"]:w["char_end"]] == w["text"] and w["request_id"] == "r1" for w in words)
+            assert all(SHORT[w["char_start"] : w["char_end"]] == w["text"] and w["request_id"] == "r1" for w in words)
             # Each word leaves with the frame that holds its start: its arrival, counted from audio_start's (the
             # first frame's), is its start in the audio, up to the event loop's jitter on a busy machine.
             started_at = player.event_times[types.index("audio_start")]
@@ -239,12 +248,13 @@ def test_speak_route_for_players_without_a_datachannel(server: Server) -> None:
                 first = await player.wait_for_speech(sent)
                 await player.wait_for_media_until(first.at + 1.0)
                 heard = player.frames_between(first.at, first.at + 1.0)
-                assert float(np.sqrt(np.mean([f.rms ** 2 for f in heard]))) > SPEECH_ENERGY_RMS  # the text, spoken
+                assert float(np.sqrt(np.mean([f.rms**2 for f in heard]))) > SPEECH_ENERGY_RMS  # the text, spoken
                 assert_error(await http.post(f"{session}/speak", content=b"{nope"), 400, "invalid_json")
                 assert_error(await http.post(f"{session}/speak", json={"text": "  "}), 400, "empty_input")
                 assert_error(await http.post(f"{session}/speak", json={"voice": "x"}), 400, "invalid_value")
-                error = assert_error(await http.post(f"{session}/speak", json={"text": "Hi.", "voice": "nobody"}),
-                                     400, "voice_not_found")
+                error = assert_error(
+                    await http.post(f"{session}/speak", json={"text": "Hi.", "voice": "nobody"}), 400, "voice_not_found"
+                )
                 assert error["param"] == "voice"
                 assert_error(await http.post(f"{server.url}/whep/{'0' * 24}/speak", json={"text": "Hi."}), 404)
                 cancelled = await http.delete(f"{session}/speak")
@@ -267,10 +277,13 @@ def test_cancel_stops_speech_within_a_chunk(server: Server) -> None:
             event = await player.event("cancelled", "long")
             assert 0.5 < event["audio_s"] < 10
             # What was played out: the last word whose audio all left, among the words sent as it played.
-            heard = [{k: v for k, v in e.items() if k not in ("type", "request_id")} for e in player.events
-                     if e["type"] == "word"]
+            heard = [
+                {k: v for k, v in e.items() if k not in ("type", "request_id")}
+                for e in player.events
+                if e["type"] == "word"
+            ]
             assert event["last_word"] in heard and event["last_word"]["end_s"] <= event["audio_s"]
-            after = heard[heard.index(event["last_word"]) + 1:]  # started playing, not finished
+            after = heard[heard.index(event["last_word"]) + 1 :]  # started playing, not finished
             assert all(w["end_s"] > event["audio_s"] for w in after), (after, event)
             assert all(w["start_s"] <= event["audio_s"] + 0.02 for w in heard)
             await player.wait_for_media_until(stop + 1.0)  # then a second of media after the cancel, to listen to
@@ -281,8 +294,9 @@ def test_cancel_stops_speech_within_a_chunk(server: Server) -> None:
             spoken = [f for f in player.frames_between(first.at, stop) if f.rms > SPEECH_RMS]
             assert len(spoken) * FRAME_S > 0.25  # it was speaking when cancelled
             assert "done" not in [e["type"] for e in player.events]
-            assert await wait_for_async(lambda: server.metric("rtvoice_streams_total", {"outcome": "cancelled"})
-                                        >= cancelled_before + 1, 5)
+            assert await wait_for_async(
+                lambda: server.metric("rtvoice_streams_total", {"outcome": "cancelled"}) >= cancelled_before + 1, 5
+            )
             # The session goes on: the next request speaks.
             again = player.send({"type": "tts_request", "text": "And now something short.", "request_id": "next"})
             await player.wait_for_speech(again)
@@ -303,11 +317,16 @@ def test_requests_queue_behind_the_one_speaking(server: Server) -> None:
             order = [(e["type"], e.get("request_id")) for e in player.events]
             # Each utterance's words play between its first and last frames.
             assert [step for step in order if step[0] != "word"] == [
-                ("accepted", "a"), ("accepted", "b"), ("audio_start", "a"), ("done", "a"), ("audio_start", "b"),
-                ("done", "b")]
+                ("accepted", "a"),
+                ("accepted", "b"),
+                ("audio_start", "a"),
+                ("done", "a"),
+                ("audio_start", "b"),
+                ("done", "b"),
+            ]
             for request, words in (("a", ["First", "sentence"]), ("b", ["Second", "sentence"])):
                 start, done = order.index(("audio_start", request)), order.index(("done", request))
-                assert [e["text"] for e in player.events[start + 1:done]] == words
+                assert [e["text"] for e in player.events[start + 1 : done]] == words
             assert [e["queue_position"] for e in player.events if e["type"] == "accepted"] == [0, 1]
             assert done_b["audio_s"] > 0.5
         finally:
@@ -326,8 +345,11 @@ def test_datachannel_errors(server: Server) -> None:
                 (json.dumps({"type": "sing"}), "unknown_type", "type"),
                 (json.dumps({"type": "tts_request"}), "invalid_value", "text"),
                 (json.dumps({"type": "tts_request", "text": " "}), "empty_input", "text"),
-                (json.dumps({"type": "tts_request", "text": "Hi.", "speaker_id": "nobody"}), "voice_not_found",
-                 "speaker_id"),
+                (
+                    json.dumps({"type": "tts_request", "text": "Hi.", "speaker_id": "nobody"}),
+                    "voice_not_found",
+                    "speaker_id",
+                ),
                 (json.dumps({"type": "tts_request", "text": "Hi.", "speed": 9}), "invalid_value", "speed"),
             ]
             for message, code, param in cases:
@@ -373,23 +395,28 @@ def test_trickled_candidates_connect(server: Server) -> None:
         async with httpx.AsyncClient(timeout=30) as http:
             player = WhepPlayer(server.url, http=http)
             full = await player.offer()
-            bare = "\r\n".join(line for line in full.split("\r\n")
-                               if not line.startswith(("a=candidate:", "a=end-of-candidates")))
+            bare = "\r\n".join(
+                line for line in full.split("\r\n") if not line.startswith(("a=candidate:", "a=end-of-candidates"))
+            )
             try:
                 response = await http.post(f"{server.url}/whep", content=bare, headers=SDP)
                 assert response.status_code == 201
                 player.location = response.headers["location"]
                 session = player.session_url
                 # ICE restart: new credentials -> 422, and the session lives on.
-                restart = await http.patch(session, content=_fragment(full, "newufrag", "newpassword0123456789abc"),
-                                           headers={**FRAG, "If-Match": "*"})
+                restart = await http.patch(
+                    session,
+                    content=_fragment(full, "newufrag", "newpassword0123456789abc"),
+                    headers={**FRAG, "If-Match": "*"},
+                )
                 assert_error(restart, 422, "ice_restart_unsupported")
                 assert (await http.get(session)).status_code == 204
                 assert_error(await http.patch(session, content=_fragment(full), headers=SDP), 415)
                 bad = await http.patch(session, content=b"a=candidate:1 1 udp\r\n", headers=FRAG)
                 assert_error(bad, 400, "invalid_candidate")
-                trickle = await http.patch(session, content=_fragment(full),
-                                           headers={**FRAG, "If-Match": response.headers["etag"]})
+                trickle = await http.patch(
+                    session, content=_fragment(full), headers={**FRAG, "If-Match": response.headers["etag"]}
+                )
                 assert trickle.status_code == 204 and not trickle.content
                 assert "etag" not in trickle.headers
                 await player.pc.setRemoteDescription(RTCSessionDescription(sdp=response.text, type="answer"))
@@ -414,9 +441,15 @@ def test_options_and_cors(server: Server) -> None:
     assert session_options.headers["accept-patch"] == "application/trickle-ice-sdpfrag"
 
     origin = {"Origin": "https://player.example"}
-    preflight = httpx.options(f"{server.url}/whep", headers={
-        **origin, "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "content-type, authorization"}, timeout=10)
+    preflight = httpx.options(
+        f"{server.url}/whep",
+        headers={
+            **origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type, authorization",
+        },
+        timeout=10,
+    )
     assert preflight.status_code == 200
     assert preflight.headers["access-control-allow-origin"] in ("*", origin["Origin"])
     assert "POST" in preflight.headers["access-control-allow-methods"]
@@ -424,8 +457,9 @@ def test_options_and_cors(server: Server) -> None:
     assert preflight.headers["accept-post"] == "application/sdp"
     exposed = {h.strip().lower() for h in preflight.headers["access-control-expose-headers"].split(",")}
     assert {"location", "etag", "link"} <= exposed
-    patch_preflight = httpx.options(f"{server.url}/whep/abc", headers={
-        **origin, "Access-Control-Request-Method": "PATCH"}, timeout=10)
+    patch_preflight = httpx.options(
+        f"{server.url}/whep/abc", headers={**origin, "Access-Control-Request-Method": "PATCH"}, timeout=10
+    )
     methods = patch_preflight.headers["access-control-allow-methods"]
     assert patch_preflight.status_code == 200 and "PATCH" in methods and "DELETE" in methods
 
@@ -456,11 +490,23 @@ def stun() -> Iterator[StunResponder]:
 
 @pytest.fixture(scope="module")
 def configured(start_server: Any, stun: StunResponder) -> Server:
-    ice = [{"urls": stun.url},
-           {"urls": ["turn:turn.example.net:3478?transport=udp"], "username": "alice", "credential": 'p"w',
-            "client_only": True}]
-    return start_server(whep_ice_servers=json.dumps(ice), whep_token=TOKEN, whep_max_sessions="2",
-                        whep_idle_timeout_s="1.5", max_active_streams="1", max_queued_streams="0")
+    ice = [
+        {"urls": stun.url},
+        {
+            "urls": ["turn:turn.example.net:3478?transport=udp"],
+            "username": "alice",
+            "credential": 'p"w',
+            "client_only": True,
+        },
+    ]
+    return start_server(
+        whep_ice_servers=json.dumps(ice),
+        whep_token=TOKEN,
+        whep_max_sessions="2",
+        whep_idle_timeout_s="1.5",
+        max_active_streams="1",
+        max_queued_streams="0",
+    )
 
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -475,8 +521,10 @@ def test_ice_servers_are_linked_and_used(configured: Server, stun: StunResponder
             assert response.status_code == 201, response.text
             links = response.headers.get_list("link")
             assert f'<{stun.url}>; rel="ice-server"' in links
-            assert ('<turn:turn.example.net:3478?transport=udp>; rel="ice-server"; username="alice"; '
-                    'credential="p\\"w"; credential-type="password"') in links
+            assert (
+                '<turn:turn.example.net:3478?transport=udp>; rel="ice-server"; username="alice"; '
+                'credential="p\\"w"; credential-type="password"'
+            ) in links
             assert stun.requests > requests_before  # the server gathered with the configured STUN server
             assert "typ srflx" in response.text
             assert httpx.delete(f"{configured.url}{response.headers['location']}", headers=AUTH).status_code == 200
@@ -491,8 +539,11 @@ def test_bearer_token(configured: Server) -> None:
         pc, sdp = await offer_sdp()
         try:
             # RTVOICE_WHEP_TOKEN (deprecated) is an API key for the WHEP routes only.
-            for headers, code in (({}, "missing_api_key"), ({"Authorization": "Bearer wrong"}, "invalid_api_key"),
-                                  ({"Authorization": f"Basic {TOKEN}"}, "missing_api_key")):
+            for headers, code in (
+                ({}, "missing_api_key"),
+                ({"Authorization": "Bearer wrong"}, "invalid_api_key"),
+                ({"Authorization": f"Basic {TOKEN}"}, "missing_api_key"),
+            ):
                 denied = post_offer(configured.url, sdp, headers=headers)
                 assert_error(denied, 401, code)
                 assert denied.headers["www-authenticate"].startswith("Bearer")
@@ -571,8 +622,9 @@ def test_idle_sessions_are_closed_and_connected_ones_kept(configured: Server) ->
             session = f"{configured.url}{response.headers['location']}"
             # Never connected, never spoken to: gone after the 1.5 s idle timeout.
             assert await wait_for_async(lambda: httpx.get(session, headers=AUTH).status_code == 404, 8)
-            assert configured.metric("rtvoice_whep_sessions_closed_total",
-                                     {"reason": "idle_timeout"}) == closed_before + 1
+            assert (
+                configured.metric("rtvoice_whep_sessions_closed_total", {"reason": "idle_timeout"}) == closed_before + 1
+            )
             # A connected player pulls media all the time: it is not idle. A session offered after it and never
             # connected is closed by the sweep once the timeout has passed for both.
             player = await WhepPlayer(configured.url, token=TOKEN).start()
@@ -606,10 +658,16 @@ def test_fifty_sessions_leave_nothing_behind(fresh: Server) -> None:
 
     def settled(before: dict[str, Any]) -> bool:
         now = debug(server.url)
-        return (now["sessions"] == 0 and now["reserved"] == 0 and now["peer_connections_open"] == 0
-                and now["peer_connections_alive"] == 0 and now["session_tasks"] == 0
-                and now["engine_active_streams"] == 0 and now["engine_queued_streams"] == 0
-                and now["loop_tasks"] <= before["loop_tasks"])
+        return (
+            now["sessions"] == 0
+            and now["reserved"] == 0
+            and now["peer_connections_open"] == 0
+            and now["peer_connections_alive"] == 0
+            and now["session_tasks"] == 0
+            and now["engine_active_streams"] == 0
+            and now["engine_queued_streams"] == 0
+            and now["loop_tasks"] <= before["loop_tasks"]
+        )
 
     before = debug(server.url)
     assert before["sessions"] == 0 and before["peer_connections_alive"] == 0

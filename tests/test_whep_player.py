@@ -68,7 +68,7 @@ def test_third_party_player_hears_speech(server: Server, player: Any, via: str) 
         events = player.evaluate("() => whepTest.state.events.map((e) => [e.type, e.request_id])")
         first = [event for event in events if event[0] != "word"][:3]  # words come between the first and last frame
         assert first == [["accepted", "r1"], ["audio_start", "r1"], ["done", "r1"]]
-        assert ["word", "r1"] in events[2:events.index(["done", "r1"])]
+        assert ["word", "r1"] in events[2 : events.index(["done", "r1"])]
 
     resource = session["resource"]
     player.evaluate("() => whepTest.close()")  # the client's stop(): DELETE on the resource, cross-origin

@@ -40,8 +40,9 @@ def run(engine: Engine, coroutine):  # type: ignore[no-untyped-def]
     return engine.loop.run_until_complete(coroutine)  # type: ignore[attr-defined]
 
 
-async def events(engine: Engine, text: str | list[str], seed: int = 1, sample_rate: int | None = None,
-                 speed: float = 1.0) -> list[object]:
+async def events(
+    engine: Engine, text: str | list[str], seed: int = 1, sample_rate: int | None = None, speed: float = 1.0
+) -> list[object]:
     """Every event of one stream; ``text`` as a list is pushed fragment by fragment."""
     options = SynthesisOptions(seed=seed, speed=speed)
     if isinstance(text, str):
@@ -65,16 +66,28 @@ def audio_s(received: list[object]) -> float:
 
 # -- spans in the client's text ---------------------------------------------------------------------
 
+
 def test_words_map_back_to_what_the_client_wrote() -> None:
     text = "\u201cDr. Who\u201d paid $100.50 \u2014 i.e. a lot \u2026 at 3.5% for caf\u0065\u0301s!"
     segmenter = Segmenter(90, 300)
     segments = segmenter.push(text) + segmenter.flush()
     words = [word for segment in segments for word in segment.words]
-    assert [w.text for w in words] == ["Dr.", "Who", "paid", "$100.50", "i.e.", "a", "lot", "at", "3.5%", "for",
-                                       "cafe\u0301s"]
-    assert all(text[w.start:w.end] == w.text for w in words)
+    assert [w.text for w in words] == [
+        "Dr.",
+        "Who",
+        "paid",
+        "$100.50",
+        "i.e.",
+        "a",
+        "lot",
+        "at",
+        "3.5%",
+        "for",
+        "cafe\u0301s",
+    ]
+    assert all(text[w.start : w.end] == w.text for w in words)
     money = words[3]
-    assert segments[0].text[money.spoken_start:money.spoken_end] == "one hundred dollars and fifty cents"
+    assert segments[0].text[money.spoken_start : money.spoken_end] == "one hundred dollars and fifty cents"
 
 
 def test_fragments_give_the_same_words_with_offsets_in_the_whole_text() -> None:
@@ -83,7 +96,7 @@ def test_fragments_give_the_same_words_with_offsets_in_the_whole_text() -> None:
     pieces = Segmenter(90, 300)
     got = []
     for i in range(0, len(TEXT), 2):  # an LLM's tokens
-        got += [(w.text, w.start, w.end) for s in pieces.push(TEXT[i:i + 2]) for w in s.words]
+        got += [(w.text, w.start, w.end) for s in pieces.push(TEXT[i : i + 2]) for w in s.words]
     got += [(w.text, w.start, w.end) for s in pieces.flush() for w in s.words]
     assert got == expected
     assert [t for t, _, _ in got][:3] == ["It", "costs", "$100"] and all(TEXT[a:b] == t for t, a, b in got)
@@ -91,12 +104,31 @@ def test_fragments_give_the_same_words_with_offsets_in_the_whole_text() -> None:
 
 # -- times ------------------------------------------------------------------------------------------
 
+
 def test_words_are_ordered_inside_the_audio_and_before_it(engine: Engine) -> None:
     received = run(engine, events(engine, TEXT))
     words = words_of(received)
-    assert [w.text for w in words] == ["It", "costs", "$100", "Dr.", "Smith", "said", "Then", "we", "walked", "home",
-                                       "e.g.", "past", "the", "old", "mill", "at", "5", "o'clock"]
-    assert all(TEXT[w.start:w.end] == w.text and not w.approximate for w in words)
+    assert [w.text for w in words] == [
+        "It",
+        "costs",
+        "$100",
+        "Dr.",
+        "Smith",
+        "said",
+        "Then",
+        "we",
+        "walked",
+        "home",
+        "e.g.",
+        "past",
+        "the",
+        "old",
+        "mill",
+        "at",
+        "5",
+        "o'clock",
+    ]
+    assert all(TEXT[w.start : w.end] == w.text and not w.approximate for w in words)
     total = audio_s(received)
     for before, after in zip(words, words[1:]):
         assert before.start_s <= after.start_s and before.end_s <= after.end_s + 1e-9
@@ -108,7 +140,7 @@ def test_words_are_ordered_inside_the_audio_and_before_it(engine: Engine) -> Non
             sent += event.duration_s
         elif isinstance(event, WordTiming):
             assert sent <= event.start_s + 1e-9, f"{event.text} came after its audio"
-    following = [next((e for e in received[received.index(w):] if isinstance(e, AudioChunk)), None) for w in words]
+    following = [next((e for e in received[received.index(w) :] if isinstance(e, AudioChunk)), None) for w in words]
     assert all(chunk is not None for chunk in following)
 
 
@@ -150,11 +182,11 @@ def test_later_segments_are_offset_by_the_audio_before_them(engine: Engine) -> N
 
 
 def test_text_sent_token_by_token_gets_spans_in_the_concatenated_text(engine: Engine) -> None:
-    tokens = [TEXT[i:i + 3] for i in range(0, len(TEXT), 3)]
+    tokens = [TEXT[i : i + 3] for i in range(0, len(TEXT), 3)]
     words = words_of(run(engine, events(engine, tokens)))
     whole = words_of(run(engine, events(engine, TEXT)))
     assert [(w.text, w.start, w.end) for w in words] == [(w.text, w.start, w.end) for w in whole]
-    assert all("".join(tokens)[w.start:w.end] == w.text for w in words)
+    assert all("".join(tokens)[w.start : w.end] == w.text for w in words)
 
 
 # -- against an independent aligner -----------------------------------------------------------------
@@ -181,23 +213,21 @@ def test_segments_joined_are_close_to_a_forced_alignment(engine: Engine) -> None
     (first, first_spoken), (second, second_spoken) = SENTENCES[0], SENTENCES[4]
     pcm, words = run(engine, speak(engine, f"{first} {second}", seed=5))
     aligned = forced_alignment(pcm, first_spoken.split("|") + second_spoken.split("|"))
-    later = words[len(first_spoken.split("|")):]
-    errors = [abs(w.start_s - a) for w, a in zip(later, aligned[-len(later):])]
+    later = words[len(first_spoken.split("|")) :]
+    errors = [abs(w.start_s - a) for w, a in zip(later, aligned[-len(later) :])]
     assert later[0].start_s > len(pcm) / ALIGNER_RATE / 3
     assert statistics.fmean(errors) <= MAX_SENTENCE_MAE_S, errors
 
 
 @pytest.mark.parametrize(("speed", "rate"), [(1.6, ALIGNER_RATE), (0.7, 48_000)])
-def test_speed_and_rate_keep_word_starts_where_the_client_hears_them(engine: Engine, speed: float,
-                                                                     rate: int) -> None:
+def test_speed_and_rate_keep_word_starts_where_the_client_hears_them(engine: Engine, speed: float, rate: int) -> None:
     """Faster or slower, at another rate than the voice's: each word starts where an independent aligner hears it
     in the audio the client receives (times in the output's time base: speed and resampling included)."""
     errors = []
     for text, spoken in SENTENCES[:3]:
         pcm, words = run(engine, speak(engine, text, seed=4, sample_rate=rate, speed=speed))
         assert words[-1].end_s <= len(pcm) / rate + SAMPLE_EDGE_S
-        heard = pcm if rate == ALIGNER_RATE else to_int16(resample(to_float32(pcm), rate,
-                                                                  ALIGNER_RATE))
+        heard = pcm if rate == ALIGNER_RATE else to_int16(resample(to_float32(pcm), rate, ALIGNER_RATE))
         aligned = forced_alignment(heard, spoken.split("|"))
         assert len(words) == len(aligned)
         errors += [abs(w.start_s - a) for w, a in zip(words, aligned)]

@@ -62,9 +62,12 @@ def speech_tokenizer_standin(path: Path, seed: int = 1) -> None:
         helper.make_node("Squeeze", ["ids", "squeeze_axis"], ["indices"]),
     ]
     graph = helper.make_graph(
-        nodes, "speech_tokenizer_standin",
-        [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, 128, "T"]),
-         helper.make_tensor_value_info("feats_length", TensorProto.INT32, [1])],
+        nodes,
+        "speech_tokenizer_standin",
+        [
+            helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, 128, "T"]),
+            helper.make_tensor_value_info("feats_length", TensorProto.INT32, [1]),
+        ],
         [helper.make_tensor_value_info("indices", TensorProto.INT64, [1, "N"])],
         init,
     )
@@ -82,7 +85,8 @@ def campplus_standin(path: Path, seed: int = 2) -> None:
         helper.make_node("MatMul", ["pooled", "w"], ["output"]),  # [1, 192]
     ]
     graph = helper.make_graph(
-        nodes, "campplus_standin",
+        nodes,
+        "campplus_standin",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, "T", 80])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, EMBEDDING_DIM])],
         init,
@@ -95,19 +99,24 @@ def write_spk2info(path: Path, prompt_text_ids: list[int], seed: int = 3) -> Non
 
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, SPEECH_TOKENS, (1, 20), generator=g, dtype=torch.int32)
-    torch.save({
-        "sft": {"embedding": torch.randn(1, EMBEDDING_DIM, generator=g)},
-        "saved": {  # as the reference's add_zero_shot_spk stores a speaker
-            "prompt_text": torch.tensor([prompt_text_ids], dtype=torch.int32),
-            "prompt_text_len": torch.tensor([len(prompt_text_ids)], dtype=torch.int32),
-            "llm_prompt_speech_token": tokens, "llm_prompt_speech_token_len": torch.tensor([20], dtype=torch.int32),
-            "flow_prompt_speech_token": tokens, "flow_prompt_speech_token_len": torch.tensor([20], dtype=torch.int32),
-            "prompt_speech_feat": torch.randn(1, 40, 80, generator=g) - 5,
-            "prompt_speech_feat_len": torch.tensor([40], dtype=torch.int32),
-            "llm_embedding": torch.randn(1, EMBEDDING_DIM, generator=g),
-            "flow_embedding": torch.randn(1, EMBEDDING_DIM, generator=g),
+    torch.save(
+        {
+            "sft": {"embedding": torch.randn(1, EMBEDDING_DIM, generator=g)},
+            "saved": {  # as the reference's add_zero_shot_spk stores a speaker
+                "prompt_text": torch.tensor([prompt_text_ids], dtype=torch.int32),
+                "prompt_text_len": torch.tensor([len(prompt_text_ids)], dtype=torch.int32),
+                "llm_prompt_speech_token": tokens,
+                "llm_prompt_speech_token_len": torch.tensor([20], dtype=torch.int32),
+                "flow_prompt_speech_token": tokens,
+                "flow_prompt_speech_token_len": torch.tensor([20], dtype=torch.int32),
+                "prompt_speech_feat": torch.randn(1, 40, 80, generator=g) - 5,
+                "prompt_speech_feat_len": torch.tensor([40], dtype=torch.int32),
+                "llm_embedding": torch.randn(1, EMBEDDING_DIM, generator=g),
+                "flow_embedding": torch.randn(1, EMBEDDING_DIM, generator=g),
+            },
         },
-    }, path)
+        path,
+    )
 
 
 def serving_model_dir(fixture: Path, target: Path) -> Path:
@@ -123,8 +132,9 @@ def serving_model_dir(fixture: Path, target: Path) -> Path:
     return target
 
 
-def tone_wav(seconds: float = 2.0, rate: int = 24000, channels: int = 1, amplitude: float = 0.3,
-             seed: int = 0) -> bytes:
+def tone_wav(
+    seconds: float = 2.0, rate: int = 24000, channels: int = 1, amplitude: float = 0.3, seed: int = 0
+) -> bytes:
     """A WAV file (int16) of a voiced-sounding signal: a few harmonics of a wobbling pitch, some noise."""
     rng = np.random.default_rng(seed)
     t = np.arange(int(seconds * rate)) / rate
@@ -137,6 +147,12 @@ def tone_wav(seconds: float = 2.0, rate: int = 24000, channels: int = 1, amplitu
     data = pcm.tobytes()
     import struct
 
-    header = b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt " + struct.pack(
-        "<IHHIIHH", 16, 1, channels, rate, rate * channels * 2, channels * 2, 16) + b"data" + struct.pack("<I", len(data))
+    header = (
+        b"RIFF"
+        + struct.pack("<I", 36 + len(data))
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, channels, rate, rate * channels * 2, channels * 2, 16)
+        + b"data"
+        + struct.pack("<I", len(data))
+    )
     return header + data

@@ -24,10 +24,22 @@ AUDIO_TOL = 1e-4
 # schedules and nothing is written to the repository. No shrinking: a failure reports the schedule it drew, and
 # shrinking one (minutes of model calls) would outlast the test timeout.
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
-LM_SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
-                       phases=NO_SHRINK, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-T2W_SETTINGS = settings(max_examples=8, deadline=None, derandomize=True, database=None,
-                        phases=NO_SHRINK, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+LM_SETTINGS = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=NO_SHRINK,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+T2W_SETTINGS = settings(
+    max_examples=8,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=NO_SHRINK,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @dataclass(frozen=True)
@@ -83,8 +95,10 @@ def test_lm_batched_steps_equal_solo_for_any_schedule(model: Any, data: Any, n_s
     decode steps), sit out steps (a token-to-wave chunk in their place), finish, or are cancelled, between calls.
     Every batched step equals the same stream run alone: greedy tokens identical, log-probs within 1e-5."""
     lm = model.llm
-    specs = [data.draw(lm_specs(lm.backbone.config.vocab_size, lm.cfg.speech_token_size), label=f"stream {i}")
-             for i in range(n_streams)]
+    specs = [
+        data.draw(lm_specs(lm.backbone.config.vocab_size, lm.cfg.speech_token_size), label=f"stream {i}")
+        for i in range(n_streams)
+    ]
     alone = [_decode_alone(lm, spec) for spec in specs]
     joins = [data.draw(st.integers(0, 5), label=f"stream {i} joins at step") for i in range(n_streams)]
     streams: list[Any] = [None] * n_streams
@@ -175,10 +189,20 @@ def test_lm_kv_buffer_grows_across_blocks(model: Any, vectors: dict[str, Any]) -
     from rtvoice.engine.models.cosyvoice2.llm import KV_BLOCK
 
     lm = model.llm
-    stream = lm.start(vectors["llm_text"], vectors["llm_prompt_text"], vectors["prompt_tokens"],
-                      min_token_text_ratio=20, max_token_text_ratio=20)
-    other = lm.start(vectors["llm_text"][:, :4], vectors["llm_prompt_text"][:, :0], vectors["prompt_tokens"][:, :0],
-                     min_token_text_ratio=20, max_token_text_ratio=20)
+    stream = lm.start(
+        vectors["llm_text"],
+        vectors["llm_prompt_text"],
+        vectors["prompt_tokens"],
+        min_token_text_ratio=20,
+        max_token_text_ratio=20,
+    )
+    other = lm.start(
+        vectors["llm_text"][:, :4],
+        vectors["llm_prompt_text"][:, :0],
+        vectors["prompt_tokens"][:, :0],
+        min_token_text_ratio=20,
+        max_token_text_ratio=20,
+    )
     logps = []
     while stream.position < KV_BLOCK + 20 and not stream.finished:
         pair = [stream, other] if not other.finished else [stream]
@@ -234,8 +258,9 @@ def t2w_specs(draw: Any, chunk_size: int) -> T2WSpec:
 
 @T2W_SETTINGS
 @given(data=st.data(), n_streams=st.integers(3, 4), random_source=st.booleans())
-def test_token2wav_batched_chunks_equal_solo_for_any_mix(model: Any, data: Any, n_streams: int,
-                                                         random_source: bool) -> None:
+def test_token2wav_batched_chunks_equal_solo_for_any_mix(
+    model: Any, data: Any, n_streams: int, random_source: bool
+) -> None:
     """Random mixes: streams with different prompts receive tokens at random rates, so their chunks fall due at
     different points of their hop schedules (first hop with its prompt pad, later hops, the final flush), and random
     subsets of the due ones share a call. Each stream's chunks equal its solo run within 1e-4, HiFT noise included."""
@@ -289,8 +314,9 @@ def test_flow_batch_equals_single_calls(model: Any, vectors: dict[str, Any]) -> 
         FlowItem(tokens[:, 10:40], p_tok[:, :5], p_feat[:, :10], -emb, streaming=False, finalize=True),
     ]
     with torch.inference_mode():
-        single = [model.flow(i.token, i.prompt_token, i.prompt_feat, i.embedding, i.streaming, i.finalize)
-                  for i in items]
+        single = [
+            model.flow(i.token, i.prompt_token, i.prompt_feat, i.embedding, i.streaming, i.finalize) for i in items
+        ]
         batched = model.flow.forward_batch(items)
     for a, b in zip(single, batched, strict=True):
         assert a.shape == b.shape

@@ -18,8 +18,16 @@ def run_without(module: str, require_fixtures: bool) -> subprocess.CompletedProc
     env = {k: v for k, v in os.environ.items() if k != "RTVOICE_REQUIRE_FIXTURES"}
     if require_fixtures:
         env["RTVOICE_REQUIRE_FIXTURES"] = "1"
-    args = [sys.executable, "-c", RUN_WITHOUT, module, "-q", "-p", "no:cacheprovider",
-            "tests/cosyvoice2/test_sampling.py"]
+    args = [
+        sys.executable,
+        "-c",
+        RUN_WITHOUT,
+        module,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "tests/cosyvoice2/test_sampling.py",
+    ]
     return subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240)
 
 

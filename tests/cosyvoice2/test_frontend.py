@@ -39,7 +39,9 @@ def test_byte_fallback_maps_bytes_and_special_tokens() -> None:
     tok = ByteFallbackTokenizer(1024)
     assert tok.encode("Hi") == [72, 105]
     assert tok.encode("é") == list("é".encode())
-    assert tok.encode(f"Be calm.{END_OF_PROMPT}") == list(b"Be calm.") + [256 + COSYVOICE2_SPECIAL_TOKENS.index(END_OF_PROMPT)]
+    assert tok.encode(f"Be calm.{END_OF_PROMPT}") == list(b"Be calm.") + [
+        256 + COSYVOICE2_SPECIAL_TOKENS.index(END_OF_PROMPT)
+    ]
     assert max(tok.encode("漢字 [laughter] text")) < 1024
     with pytest.raises(ValueError):
         ByteFallbackTokenizer(200)
@@ -72,15 +74,21 @@ def test_tokenizer_files_load_the_qwen_tokenizer(tmp_path: Path) -> None:
 # -- text -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("I have 3 cats.", "I have three cats."),
-    ("It costs 1,250 points, about 12.5 each.", "It costs one thousand two hundred fifty points, about twelve point five each."),
-    ("The 21st and 2nd floors, 50% off.", "The twenty first and second floors, fifty percent off."),
-    ("<|en|>Call 911 now.", "<|en|>Call 911 now."),  # markup: left as the reference leaves it
-    ("你好 世界，", "你好世界。"),
-    ("【通知】今天 是 星期五", "通知今天是星期五"),
-    ("今天是2024年3月5日", "今天是二零二四年三月五日"),  # wetext's Chinese grammar, as the reference's front end
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("I have 3 cats.", "I have three cats."),
+        (
+            "It costs 1,250 points, about 12.5 each.",
+            "It costs one thousand two hundred fifty points, about twelve point five each.",
+        ),
+        ("The 21st and 2nd floors, 50% off.", "The twenty first and second floors, fifty percent off."),
+        ("<|en|>Call 911 now.", "<|en|>Call 911 now."),  # markup: left as the reference leaves it
+        ("你好 世界，", "你好世界。"),
+        ("【通知】今天 是 星期五", "通知今天是星期五"),
+        ("今天是2024年3月5日", "今天是二零二四年三月五日"),  # wetext's Chinese grammar, as the reference's front end
+    ],
+)
 def test_what_the_lm_reads_of_a_segment(text: str, expected: str) -> None:
     """The segmenter's spoken form ("mul": English or Chinese grammars), then the model's own clean-up."""
     assert normalize_segment(normalize(text, "mul")) == expected
@@ -101,6 +109,7 @@ def _signal(n: int, seed: int = 0) -> np.ndarray:
 
 def _slaney_mel(sr: int, n_fft: int, n_mels: int) -> np.ndarray:
     """librosa.filters.mel's defaults (Slaney scale and area normalisation), in float64, for reference."""
+
     def hz_to_mel(f: np.ndarray) -> np.ndarray:
         f = np.asarray(f, dtype=np.float64)
         return np.where(f >= 1000, 15 + np.log(np.maximum(f, 1e-9) / 1000) / (np.log(6.4) / 27), f * 3 / 200)
@@ -124,7 +133,7 @@ def test_whisper_log_mel_follows_its_definition() -> None:
     padded = np.pad(x.astype(np.float64), 200, mode="reflect")
     frames = 1 + (len(padded) - 400) // 160
     window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(400) / 400)
-    spec = np.stack([np.fft.rfft(padded[i * 160: i * 160 + 400] * window) for i in range(frames)], axis=1)
+    spec = np.stack([np.fft.rfft(padded[i * 160 : i * 160 + 400] * window) for i in range(frames)], axis=1)
     power = np.abs(spec[:, :-1]) ** 2
     log_mel = np.log10(np.maximum(_slaney_mel(16000, 400, 128) @ power, 1e-10))
     expected = (np.maximum(log_mel, log_mel.max() - 8) + 4) / 4
@@ -147,7 +156,7 @@ def _kaldi_fbank_reference(x: np.ndarray) -> np.ndarray:
     window = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(400) / 399)) ** 0.85
     out = np.empty((frames, 80))
     for i in range(frames):
-        frame = x[i * 160: i * 160 + 400].copy()
+        frame = x[i * 160 : i * 160 + 400].copy()
         frame -= frame.mean()
         frame = frame - 0.97 * np.concatenate([frame[:1], frame[:-1]])
         power = np.abs(np.fft.rfft(frame * window, 512)) ** 2
@@ -202,15 +211,18 @@ def test_prompt_audio_mixes_channels_down() -> None:
     assert np.array_equal(mono.audio_16k, stereo.audio_16k)
 
 
-@pytest.mark.parametrize("data,code", [
-    (b"", "invalid_audio"),
-    (b"RIFF....WAVEfmt nonsense", "invalid_audio"),
-    (tone_wav(frontend.MIN_PROMPT_SECONDS - 0.2), "audio_too_short"),
-    (tone_wav(frontend.MAX_PROMPT_SECONDS + 1, frontend.MIN_PROMPT_RATE), "audio_too_long"),
-    (tone_wav(2.0, amplitude=0.0), "audio_silent"),
-    (tone_wav(2.0, amplitude=0.0005), "audio_silent"),
-    (tone_wav(2.0, frontend.MIN_PROMPT_RATE // 2), "sample_rate_too_low"),
-])
+@pytest.mark.parametrize(
+    "data,code",
+    [
+        (b"", "invalid_audio"),
+        (b"RIFF....WAVEfmt nonsense", "invalid_audio"),
+        (tone_wav(frontend.MIN_PROMPT_SECONDS - 0.2), "audio_too_short"),
+        (tone_wav(frontend.MAX_PROMPT_SECONDS + 1, frontend.MIN_PROMPT_RATE), "audio_too_long"),
+        (tone_wav(2.0, amplitude=0.0), "audio_silent"),
+        (tone_wav(2.0, amplitude=0.0005), "audio_silent"),
+        (tone_wav(2.0, frontend.MIN_PROMPT_RATE // 2), "sample_rate_too_low"),
+    ],
+)
 def test_bad_prompt_audio(data: bytes, code: str) -> None:
     with pytest.raises(InvalidRequest) as raised:
         load_prompt_audio(data, 24000)
@@ -236,11 +248,21 @@ def test_features_have_two_mel_frames_per_token(serving_service) -> None:  # typ
 
 def test_voice_store_round_trip(tmp_path: Path) -> None:
     store = VoiceStore(tmp_path / "voices")
-    features = PromptFeatures(torch.randn(1, 192), torch.randint(0, 6561, (1, 10), dtype=torch.int32),
-                              torch.randn(1, 20, 80), "Hello.", torch.tensor([[1, 2, 3]], dtype=torch.int32))
+    features = PromptFeatures(
+        torch.randn(1, 192),
+        torch.randint(0, 6561, (1, 10), dtype=torch.int32),
+        torch.randn(1, 20, 80),
+        "Hello.",
+        torch.tensor([[1, 2, 3]], dtype=torch.int32),
+    )
     store.save(SavedVoice("anna.v2", "Anna", "en", "test voice", features))
     (loaded,) = store.load_all()
-    assert (loaded.voice_id, loaded.name, loaded.language, loaded.description) == ("anna.v2", "Anna", "en", "test voice")
+    assert (loaded.voice_id, loaded.name, loaded.language, loaded.description) == (
+        "anna.v2",
+        "Anna",
+        "en",
+        "test voice",
+    )
     for name in ("embedding", "speech_tokens", "speech_feat", "prompt_text_ids"):
         assert torch.equal(getattr(loaded.features, name), getattr(features, name))
     (tmp_path / "voices" / "broken.pt").write_bytes(b"not a voice")
@@ -249,10 +271,21 @@ def test_voice_store_round_trip(tmp_path: Path) -> None:
     assert not store.exists("anna.v2")
 
 
-@pytest.mark.parametrize("voice_id,ok", [
-    ("alice", True), ("a-b_c.1", True), ("A" * 64, True), ("A" * 65, False), ("../x", False), ("", False),
-    (".hidden", False), ("x.", False), ("a b", False), ("voice/1", False),
-])
+@pytest.mark.parametrize(
+    "voice_id,ok",
+    [
+        ("alice", True),
+        ("a-b_c.1", True),
+        ("A" * 64, True),
+        ("A" * 65, False),
+        ("../x", False),
+        ("", False),
+        (".hidden", False),
+        ("x.", False),
+        ("a b", False),
+        ("voice/1", False),
+    ],
+)
 def test_voice_ids(voice_id: str, ok: bool) -> None:
     assert valid_voice_id(voice_id) is ok
 

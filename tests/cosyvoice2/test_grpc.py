@@ -31,11 +31,15 @@ PROMPT_16K = tone_wav(2.0, 16000, seed=7)[44:]
 
 
 @pytest.fixture(scope="module")
-def target(start_server: Callable[..., Server], serving_model_dir: Path,
-           tmp_path_factory: pytest.TempPathFactory) -> str:
+def target(
+    start_server: Callable[..., Server], serving_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> str:
     port = free_port()
-    start_server(cosyvoice_dir=str(serving_model_dir), grpc_port=str(port),
-                 cosyvoice_voices_dir=str(tmp_path_factory.mktemp("grpc-voices")))
+    start_server(
+        cosyvoice_dir=str(serving_model_dir),
+        grpc_port=str(port),
+        cosyvoice_voices_dir=str(tmp_path_factory.mktemp("grpc-voices")),
+    )
     return f"127.0.0.1:{port}"
 
 
@@ -55,40 +59,70 @@ def check_audio(serving_service: Any) -> Callable[[bytes], np.ndarray]:
 
 
 @pytest.mark.parametrize("spk_id", ["cosyvoice2-sft", "sft"])
-def test_sft_with_a_spk2info_speaker(cosyvoice_stubs: Any, target: str, spk_id: str,
-                                     check_audio: Callable[[bytes], np.ndarray]) -> None:
+def test_sft_with_a_spk2info_speaker(
+    cosyvoice_stubs: Any, target: str, spk_id: str, check_audio: Callable[[bytes], np.ndarray]
+) -> None:
     """A speaker by rtvoice's id, or by the bare spk2info name CosyVoice's clients know."""
     messages, _ = cosyvoice_stubs
     check_audio(inference(cosyvoice_stubs, target, sft_request=messages.sftRequest(spk_id=spk_id, tts_text=TEXT)))
 
 
-def test_zero_shot_cross_lingual_and_instruct(cosyvoice_stubs: Any, target: str,
-                                              check_audio: Callable[[bytes], np.ndarray]) -> None:
+def test_zero_shot_cross_lingual_and_instruct(
+    cosyvoice_stubs: Any, target: str, check_audio: Callable[[bytes], np.ndarray]
+) -> None:
     messages, _ = cosyvoice_stubs
-    check_audio(inference(cosyvoice_stubs, target, zero_shot_request=messages.zeroshotRequest(
-        tts_text=TEXT, prompt_text="Hello there, nice to meet you.", prompt_audio=PROMPT_16K)))
-    check_audio(inference(cosyvoice_stubs, target, cross_lingual_request=messages.crosslingualRequest(
-        tts_text=TEXT, prompt_audio=PROMPT_16K)))
-    check_audio(inference(cosyvoice_stubs, target, instruct_request=messages.instructRequest(
-        tts_text=TEXT, spk_id="cosyvoice2-sft", instruct_text="Speak slowly and warmly.")))
+    check_audio(
+        inference(
+            cosyvoice_stubs,
+            target,
+            zero_shot_request=messages.zeroshotRequest(
+                tts_text=TEXT, prompt_text="Hello there, nice to meet you.", prompt_audio=PROMPT_16K
+            ),
+        )
+    )
+    check_audio(
+        inference(
+            cosyvoice_stubs,
+            target,
+            cross_lingual_request=messages.crosslingualRequest(tts_text=TEXT, prompt_audio=PROMPT_16K),
+        )
+    )
+    check_audio(
+        inference(
+            cosyvoice_stubs,
+            target,
+            instruct_request=messages.instructRequest(
+                tts_text=TEXT, spk_id="cosyvoice2-sft", instruct_text="Speak slowly and warmly."
+            ),
+        )
+    )
 
 
 def test_instruct_needs_a_voice_that_follows_instructions(cosyvoice_stubs: Any, target: str) -> None:
     messages, _ = cosyvoice_stubs
-    error = rpc_error(cosyvoice_stubs, target, instruct_request=messages.instructRequest(
-        tts_text=TEXT, spk_id="en_US-joe-medium", instruct_text="Speak slowly."))
+    error = rpc_error(
+        cosyvoice_stubs,
+        target,
+        instruct_request=messages.instructRequest(
+            tts_text=TEXT, spk_id="en_US-joe-medium", instruct_text="Speak slowly."
+        ),
+    )
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "en_US-joe-medium" in error.details() and "cosyvoice2-sft" in error.details()
 
 
-@pytest.mark.parametrize("prompt,code", [
-    (PROMPT_16K[:-1], "invalid_audio"),
-    (PROMPT_16K[:2 * 3200], "audio_too_short"),
-    (bytes(2 * 32000), "audio_silent"),
-])
+@pytest.mark.parametrize(
+    "prompt,code",
+    [
+        (PROMPT_16K[:-1], "invalid_audio"),
+        (PROMPT_16K[: 2 * 3200], "audio_too_short"),
+        (bytes(2 * 32000), "audio_silent"),
+    ],
+)
 def test_bad_prompt_audio(cosyvoice_stubs: Any, target: str, prompt: bytes, code: str) -> None:
     messages, _ = cosyvoice_stubs
-    error = rpc_error(cosyvoice_stubs, target, cross_lingual_request=messages.crosslingualRequest(
-        tts_text=TEXT, prompt_audio=prompt))
+    error = rpc_error(
+        cosyvoice_stubs, target, cross_lingual_request=messages.crosslingualRequest(tts_text=TEXT, prompt_audio=prompt)
+    )
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "prompt_audio" in error.details()
     assert ("rtvoice-error-code", code) in tuple(error.trailing_metadata())

@@ -64,7 +64,7 @@ def to_layout(sd: StateDict, target: Layout) -> StateDict:
     source = read_layout(sd)
     out = {}
     for key, value in sd.items():
-        name = key[len(PREFIX):] if source.prefixed else key
+        name = key[len(PREFIX) :] if source.prefixed else key
         if name.endswith(source.g):
             name = name[: -len(source.g)] + target.g
         elif name.endswith(source.v):
@@ -89,8 +89,9 @@ def hift_state_dict(model_dir: Path) -> StateDict:
 
 
 @pytest.mark.parametrize("target", ALL_LAYOUTS, ids=lambda t: f"{t.weight_norm}{'+generator' if t.prefixed else ''}")
-def test_every_hift_layout_loads_identically(target: Layout, model: Any, model_dir: Path, vectors: dict[str, Any],
-                                             tmp_path: Path) -> None:
+def test_every_hift_layout_loads_identically(
+    target: Layout, model: Any, model_dir: Path, vectors: dict[str, Any], tmp_path: Path
+) -> None:
     sd = hift_state_dict(model_dir)
     converted = to_layout(sd, target)
     assert read_layout(converted) == target
@@ -143,7 +144,7 @@ def test_missing_key(model_dir: Path, tmp_path: Path) -> None:
     plain = sorted(k for k in sd if not k.endswith((layout.g, layout.v)))
     key = plain[-1]
     del sd[key]
-    name = key[len(PREFIX):] if layout.prefixed else key  # errors name keys as the model does
+    name = key[len(PREFIX) :] if layout.prefixed else key  # errors name keys as the model does
     d = variant_dir(model_dir, tmp_path / "m", {"hift.pt": sd})
     with pytest.raises(CheckpointError, match=rf"hift\.pt: missing keys: '{re.escape(name)}'"):
         CosyVoice2Model.load(d)
@@ -154,7 +155,7 @@ def test_missing_weight_norm_half(model_dir: Path, tmp_path: Path) -> None:
     layout = read_layout(sd)
     key = sorted(k for k in sd if k.endswith(layout.v))[0]
     del sd[key]
-    name = key[len(PREFIX):] if layout.prefixed else key
+    name = key[len(PREFIX) :] if layout.prefixed else key
     d = variant_dir(model_dir, tmp_path / "m", {"hift.pt": sd})
     with pytest.raises(CheckpointError, match=rf"hift\.pt: missing key '{re.escape(name)}'"):
         CosyVoice2Model.load(d)

@@ -56,8 +56,9 @@ def local(serving_service: Any, serving_model_dir: Path, voices_dir: Path) -> An
     return CosyVoice2Service(serving_service.model, serving_model_dir, serving_service.device, VoiceStore(voices_dir))
 
 
-def engine_pcm(service: Any, voice: Any, text: str, seed: int, rate: int | None = None,
-               instructions: str | None = None) -> np.ndarray:
+def engine_pcm(
+    service: Any, voice: Any, text: str, seed: int, rate: int | None = None, instructions: str | None = None
+) -> np.ndarray:
     """int16 samples as the engine streams them (same scheduler, resampler, int16 conversion as the server)."""
     from rtvoice.engine.engine import Engine
     from rtvoice.engine.settings import EngineSettings
@@ -71,7 +72,9 @@ def engine_pcm(service: Any, voice: Any, text: str, seed: int, rate: int | None 
         await engine.start()
         try:
             options = SynthesisOptions(seed=seed, instructions=instructions)
-            stream = engine.open_stream(SynthesisRequest(text=text, voice=voice.info.id, options=options, sample_rate=rate))
+            stream = engine.open_stream(
+                SynthesisRequest(text=text, voice=voice.info.id, options=options, sample_rate=rate)
+            )
             return np.concatenate([pcm async for pcm in stream.audio()])
         finally:
             await engine.stop()
@@ -84,8 +87,9 @@ def prompt_voice(service: Any, mode: str, instructions: str | None = None) -> An
     return service.prompt_voice(service.prompt_features(service.prompt_audio(PROMPT_WAV), text), mode, instructions)
 
 
-def post(server: Server, route: str, data: dict[str, str], wav: bytes | None = PROMPT_WAV,
-         method: str = "POST") -> httpx.Response:
+def post(
+    server: Server, route: str, data: dict[str, str], wav: bytes | None = PROMPT_WAV, method: str = "POST"
+) -> httpx.Response:
     files = {"prompt_wav": ("prompt.wav", wav, "audio/wav")} if wav is not None else None
     return httpx.request(method, f"{server.url}{route}", data=data, files=files, timeout=120)
 
@@ -102,8 +106,9 @@ def test_voices_are_listed(cv_server: Server) -> None:
 
 @pytest.mark.parametrize("spk_id", ["cosyvoice2-sft", "cosyvoice2-saved"])
 def test_inference_sft_with_a_spk2info_speaker(cv_server: Server, local: Any, spk_id: str) -> None:
-    response = httpx.post(f"{cv_server.url}/inference_sft", data={"tts_text": "Hi.", "spk_id": spk_id, "seed": "4"},
-                          timeout=120)
+    response = httpx.post(
+        f"{cv_server.url}/inference_sft", data={"tts_text": "Hi.", "spk_id": spk_id, "seed": "4"}, timeout=120
+    )
     assert response.status_code == 200, response.text
     assert response.headers["x-sample-rate"] == "24000" and response.headers["x-voice"] == spk_id
     header, samples = parse_wav(response.content)
@@ -111,17 +116,21 @@ def test_inference_sft_with_a_spk2info_speaker(cv_server: Server, local: Any, sp
     per_token = samples_per_token(local)
     assert 0 < len(samples) <= most_tokens(local, "Hi.") * per_token and len(samples) % per_token == 0
     assert np.array_equal(samples, engine_pcm(local, local.speakers[spk_id], "Hi.", seed=4))
-    piper = httpx.post(f"{cv_server.url}/inference_sft", data={"tts_text": "Hi.", "spk_id": "en_US-joe-medium"},
-                       timeout=60)
+    piper = httpx.post(
+        f"{cv_server.url}/inference_sft", data={"tts_text": "Hi.", "spk_id": "en_US-joe-medium"}, timeout=60
+    )
     assert piper.status_code == 200 and piper.headers["x-sample-rate"] == "22050"
 
 
 def test_audio_streams_in_chunks(cv_server: Server, local: Any) -> None:
     """Two segments: the first chunk (one hop, less HiFT's held-back overlap) is sent while the rest is still
     being made."""
-    with httpx.stream("POST", f"{cv_server.url}/inference_sft",
-                      data={"tts_text": "Yes. Ok.", "spk_id": "cosyvoice2-sft", "format": "pcm", "seed": "1"},
-                      timeout=120) as response:
+    with httpx.stream(
+        "POST",
+        f"{cv_server.url}/inference_sft",
+        data={"tts_text": "Yes. Ok.", "spk_id": "cosyvoice2-sft", "format": "pcm", "seed": "1"},
+        timeout=120,
+    ) as response:
         assert response.headers.get("transfer-encoding") == "chunked"
         pieces = [len(piece) for piece in response.iter_raw()]
     per_token, int16 = samples_per_token(local), 2
@@ -131,13 +140,17 @@ def test_audio_streams_in_chunks(cv_server: Server, local: Any) -> None:
     assert pieces[0] <= first_chunk * int16
 
 
-@pytest.mark.parametrize("route,mode,fields", [
-    ("/inference_zero_shot", "zero_shot", {"prompt_text": PROMPT_TEXT}),
-    ("/inference_cross_lingual", "cross_lingual", {}),
-    ("/inference_instruct2", "instruct2", {"instruct_text": "Speak slowly and warmly."}),
-])
-def test_prompt_routes_match_the_engine(cv_server: Server, local: Any, route: str, mode: str,
-                                        fields: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    "route,mode,fields",
+    [
+        ("/inference_zero_shot", "zero_shot", {"prompt_text": PROMPT_TEXT}),
+        ("/inference_cross_lingual", "cross_lingual", {}),
+        ("/inference_instruct2", "instruct2", {"instruct_text": "Speak slowly and warmly."}),
+    ],
+)
+def test_prompt_routes_match_the_engine(
+    cv_server: Server, local: Any, route: str, mode: str, fields: dict[str, str]
+) -> None:
     response = post(cv_server, route, {"tts_text": "Hi.", "seed": "3", "format": "pcm", **fields})
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == "audio/pcm" and response.headers["x-sample-rate"] == "24000"
@@ -149,8 +162,9 @@ def test_prompt_routes_match_the_engine(cv_server: Server, local: Any, route: st
 
 def test_get_with_a_multipart_body_and_resampling(cv_server: Server, local: Any) -> None:
     """CosyVoice's client sends its form with GET too; sample_rate resamples like everywhere else."""
-    response = post(cv_server, "/inference_cross_lingual", {"tts_text": "Hi.", "seed": "8", "sample_rate": "16000"},
-                    method="GET")
+    response = post(
+        cv_server, "/inference_cross_lingual", {"tts_text": "Hi.", "seed": "8", "sample_rate": "16000"}, method="GET"
+    )
     assert response.status_code == 200, response.text
     header, samples = parse_wav(response.content)
     assert header["sample_rate"] == 16000 and response.headers["x-sample-rate"] == "16000"
@@ -187,13 +201,17 @@ def test_register_use_and_delete_a_voice(cv_server: Server, local: Any, voices_d
     assert response.status_code == 200, response.text
     samples = np.frombuffer(response.content, dtype="<i2")
     assert np.array_equal(samples, engine_pcm(local, voice, "Hi.", seed=6))
-    sft = httpx.post(f"{cv_server.url}/inference_sft", data={"tts_text": "Hi.", "spk_id": "alice", "seed": "6",
-                                                              "format": "pcm"}, timeout=120)
+    sft = httpx.post(
+        f"{cv_server.url}/inference_sft",
+        data={"tts_text": "Hi.", "spk_id": "alice", "seed": "6", "format": "pcm"},
+        timeout=120,
+    )
     assert sft.content == response.content
     # OpenAI's instructions: instruct2 with the registered voice's prompt.
     instructed = speech(cv_server, "alice", instructions="Whisper.")
-    assert np.array_equal(np.frombuffer(instructed.content, dtype="<i2"),
-                          engine_pcm(local, voice, "Hi.", seed=6, instructions="Whisper."))
+    assert np.array_equal(
+        np.frombuffer(instructed.content, dtype="<i2"), engine_pcm(local, voice, "Hi.", seed=6, instructions="Whisper.")
+    )
 
     deleted = httpx.delete(f"{cv_server.url}/v1/voices/alice")
     assert deleted.status_code == 204 and not (voices_dir / "alice.pt").exists()
@@ -204,14 +222,14 @@ def test_register_use_and_delete_a_voice(cv_server: Server, local: Any, voices_d
     assert httpx.delete(f"{cv_server.url}/v1/voices/en_US-joe-medium").status_code == 409
 
 
-def test_registered_voice_survives_a_restart(cv_server: Server, start_server: Callable[..., Server],
-                                             serving_model_dir: Path, voices_dir: Path) -> None:
+def test_registered_voice_survives_a_restart(
+    cv_server: Server, start_server: Callable[..., Server], serving_model_dir: Path, voices_dir: Path
+) -> None:
     assert register(cv_server, "bob").status_code == 201
     before = speech(cv_server, "bob", seed=12)
     assert before.status_code == 200
     # A new server process on the same voices directory (warm-up off: it was tested above).
-    restarted = start_server(cosyvoice_dir=str(serving_model_dir), cosyvoice_voices_dir=str(voices_dir),
-                             warmup="false")
+    restarted = start_server(cosyvoice_dir=str(serving_model_dir), cosyvoice_voices_dir=str(voices_dir), warmup="false")
     try:
         assert "bob" in {v["id"] for v in httpx.get(f"{restarted.url}/voices").json()}
         assert speech(restarted, "bob", seed=12).content == before.content
@@ -219,17 +237,22 @@ def test_registered_voice_survives_a_restart(cv_server: Server, start_server: Ca
         restarted.stop()
 
 
-@pytest.mark.parametrize("wav,code", [
-    (b"this is not audio", "invalid_audio"),
-    (tone_wav(31.0, 16000), "audio_too_long"),
-    (tone_wav(2.0, amplitude=0.0), "audio_silent"),
-    (tone_wav(2.0, rate=8000), "sample_rate_too_low"),
-    (tone_wav(0.2), "audio_too_short"),
-    (None, "missing_file"),
-])
+@pytest.mark.parametrize(
+    "wav,code",
+    [
+        (b"this is not audio", "invalid_audio"),
+        (tone_wav(31.0, 16000), "audio_too_long"),
+        (tone_wav(2.0, amplitude=0.0), "audio_silent"),
+        (tone_wav(2.0, rate=8000), "sample_rate_too_low"),
+        (tone_wav(0.2), "audio_too_short"),
+        (None, "missing_file"),
+    ],
+)
 def test_bad_prompt_audio(cv_server: Server, wav: bytes | None, code: str) -> None:
-    for route, fields in (("/inference_zero_shot", {"tts_text": "Hi.", "prompt_text": "Hello."}),
-                          ("/v1/voices", {"voice_id": "carol", "prompt_text": "Hello."})):
+    for route, fields in (
+        ("/inference_zero_shot", {"tts_text": "Hi.", "prompt_text": "Hello."}),
+        ("/v1/voices", {"voice_id": "carol", "prompt_text": "Hello."}),
+    ):
         response = post(cv_server, route, fields, wav=wav)
         assert response.status_code == 400, response.text
         error = response.json()["error"]
@@ -237,17 +260,20 @@ def test_bad_prompt_audio(cv_server: Server, wav: bytes | None, code: str) -> No
     assert httpx.get(f"{cv_server.url}/v1/voices/carol").status_code == 404
 
 
-@pytest.mark.parametrize("route,fields,param", [
-    ("/inference_zero_shot", {"tts_text": "Hi."}, "prompt_text"),
-    ("/inference_zero_shot", {"tts_text": "Hi.", "prompt_text": "  "}, "prompt_text"),
-    ("/inference_instruct2", {"tts_text": "Hi."}, "instruct_text"),
-    ("/inference_cross_lingual", {"tts_text": ""}, "tts_text"),
-    ("/inference_cross_lingual", {"tts_text": "Hi.", "speed": "1.5"}, "speed"),
-    ("/inference_cross_lingual", {"tts_text": "Hi.", "sample_rate": "12345"}, "sample_rate"),
-    ("/inference_cross_lingual", {"tts_text": "Hi.", "format": "mp3"}, "format"),
-    ("/v1/voices", {"voice_id": "../etc", "prompt_text": "Hello."}, "voice_id"),
-    ("/v1/voices", {"prompt_text": "Hello."}, "voice_id"),
-])
+@pytest.mark.parametrize(
+    "route,fields,param",
+    [
+        ("/inference_zero_shot", {"tts_text": "Hi."}, "prompt_text"),
+        ("/inference_zero_shot", {"tts_text": "Hi.", "prompt_text": "  "}, "prompt_text"),
+        ("/inference_instruct2", {"tts_text": "Hi."}, "instruct_text"),
+        ("/inference_cross_lingual", {"tts_text": ""}, "tts_text"),
+        ("/inference_cross_lingual", {"tts_text": "Hi.", "speed": "1.5"}, "speed"),
+        ("/inference_cross_lingual", {"tts_text": "Hi.", "sample_rate": "12345"}, "sample_rate"),
+        ("/inference_cross_lingual", {"tts_text": "Hi.", "format": "mp3"}, "format"),
+        ("/v1/voices", {"voice_id": "../etc", "prompt_text": "Hello."}, "voice_id"),
+        ("/v1/voices", {"prompt_text": "Hello."}, "voice_id"),
+    ],
+)
 def test_bad_fields(cv_server: Server, route: str, fields: dict[str, str], param: str) -> None:
     response = post(cv_server, route, fields)
     assert response.status_code == 400, response.text
@@ -261,10 +287,12 @@ def test_speed_other_than_one_is_refused(cv_server: Server) -> None:
 
 def test_without_a_cosyvoice_model(server: Server) -> None:
     """The default server has no CosyVoice2 model: a clear 404 (permanent: no retry), never a 5xx."""
-    for route, fields in (("/inference_zero_shot", {"tts_text": "Hi.", "prompt_text": "Hello."}),
-                          ("/inference_cross_lingual", {"tts_text": "Hi."}),
-                          ("/inference_instruct2", {"tts_text": "Hi.", "instruct_text": "Softly."}),
-                          ("/v1/voices", {"voice_id": "dave", "prompt_text": "Hello."})):
+    for route, fields in (
+        ("/inference_zero_shot", {"tts_text": "Hi.", "prompt_text": "Hello."}),
+        ("/inference_cross_lingual", {"tts_text": "Hi."}),
+        ("/inference_instruct2", {"tts_text": "Hi.", "instruct_text": "Softly."}),
+        ("/v1/voices", {"voice_id": "dave", "prompt_text": "Hello."}),
+    ):
         response = post(server, route, fields)
         assert response.status_code == 404 and "retry-after" not in response.headers, (route, response.text)
         error = response.json()["error"]
@@ -274,8 +302,14 @@ def test_without_a_cosyvoice_model(server: Server) -> None:
 def test_a_wrong_model_directory_stops_the_server_at_once(tmp_path: Path) -> None:
     (tmp_path / "llm.pt").write_bytes(b"")
     env = {**os.environ, "RTVOICE_COSYVOICE_DIR": str(tmp_path), "RTVOICE_PORT": "1"}
-    result = subprocess.run([sys.executable, "-m", "rtvoice.app.cli", "serve"], env=env, capture_output=True, text=True,
-                            timeout=60, cwd=Path(__file__).resolve().parents[2])
+    result = subprocess.run(
+        [sys.executable, "-m", "rtvoice.app.cli", "serve"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert result.returncode == 2
     assert "is not a CosyVoice2 model directory" in result.stderr and "cosyvoice2.yaml" in result.stderr
 
@@ -297,11 +331,17 @@ def test_concurrent_requests_of_different_ages_each_equal_their_solo_output(cv_s
         async def one(client: httpx.AsyncClient, k: int, first_audio: asyncio.Event) -> bytes:
             text, voice, seed = plan[k]
             if k % 4 < 2:  # CosyVoice's form API and OpenAI's speech API, both raw 24 kHz PCM
-                request = client.build_request("POST", f"{cv_server.url}/inference_sft", data={
-                    "tts_text": text, "spk_id": voice, "seed": str(seed), "format": "pcm"})
+                request = client.build_request(
+                    "POST",
+                    f"{cv_server.url}/inference_sft",
+                    data={"tts_text": text, "spk_id": voice, "seed": str(seed), "format": "pcm"},
+                )
             else:
-                request = client.build_request("POST", f"{cv_server.url}/v1/audio/speech", json={
-                    "model": "tts-1", "input": text, "voice": voice, "response_format": "pcm", "seed": seed})
+                request = client.build_request(
+                    "POST",
+                    f"{cv_server.url}/v1/audio/speech",
+                    json={"model": "tts-1", "input": text, "voice": voice, "response_format": "pcm", "seed": seed},
+                )
             try:
                 response = await client.send(request, stream=True)
                 assert response.status_code == 200, await response.aread()
@@ -351,10 +391,15 @@ def _multi_stream_lm_calls(server: Server) -> float:
 @pytest.fixture
 def hanging_cv_server(serving_model_dir: Path, voices_dir: Path) -> Iterator[Server]:
     """CosyVoice2 behind the hang hook, stopped after its test (its hung thread stays until then)."""
-    server = start_rtvoice({
-        "RTVOICE_COSYVOICE_DIR": str(serving_model_dir), "RTVOICE_COSYVOICE_VOICES_DIR": str(voices_dir),
-        "RTVOICE_FAULT_INJECTION": "token2wav:HANGWAV:hang", "RTVOICE_MAX_BATCH_SIZE": "1",
-        "RTVOICE_MODEL_CALL_DEADLINE_FACTOR": "8"})
+    server = start_rtvoice(
+        {
+            "RTVOICE_COSYVOICE_DIR": str(serving_model_dir),
+            "RTVOICE_COSYVOICE_VOICES_DIR": str(voices_dir),
+            "RTVOICE_FAULT_INJECTION": "token2wav:HANGWAV:hang",
+            "RTVOICE_MAX_BATCH_SIZE": "1",
+            "RTVOICE_MODEL_CALL_DEADLINE_FACTOR": "8",
+        }
+    )
     yield server
     server.stop()
 
@@ -368,8 +413,9 @@ def test_a_hung_token2wav_call_is_abandoned_and_the_neighbour_is_exact(hanging_c
     text, seed = "Hello there.", 4
 
     async def hung(client: httpx.AsyncClient) -> BaseException | None:
-        async with client.stream("POST", url, data={"tts_text": "HANGWAV stops here.", "spk_id": "cosyvoice2-sft",
-                                                    "format": "pcm"}) as response:
+        async with client.stream(
+            "POST", url, data={"tts_text": "HANGWAV stops here.", "spk_id": "cosyvoice2-sft", "format": "pcm"}
+        ) as response:
             assert response.status_code == 200
             try:
                 await response.aread()
@@ -378,8 +424,9 @@ def test_a_hung_token2wav_call_is_abandoned_and_the_neighbour_is_exact(hanging_c
         return None
 
     async def clean(client: httpx.AsyncClient) -> np.ndarray:
-        response = await client.post(url, data={"tts_text": text, "spk_id": "cosyvoice2-sft", "seed": str(seed),
-                                                "format": "pcm"})
+        response = await client.post(
+            url, data={"tts_text": text, "spk_id": "cosyvoice2-sft", "seed": str(seed), "format": "pcm"}
+        )
         assert response.status_code == 200
         return np.frombuffer(response.content, dtype="<i2")
 
@@ -392,6 +439,7 @@ def test_a_hung_token2wav_call_is_abandoned_and_the_neighbour_is_exact(hanging_c
     assert server.metric("rtvoice_model_calls_abandoned_total", {"kind": "token2wav"}) == 1
     want = engine_pcm(local, local.speakers["cosyvoice2-sft"], text, seed=seed)
     assert np.array_equal(beside, want)
-    after = httpx.post(url, data={"tts_text": text, "spk_id": "cosyvoice2-sft", "seed": str(seed), "format": "pcm"},
-                       timeout=120)
+    after = httpx.post(
+        url, data={"tts_text": text, "spk_id": "cosyvoice2-sft", "seed": str(seed), "format": "pcm"}, timeout=120
+    )
     assert after.status_code == 200 and np.array_equal(np.frombuffer(after.content, dtype="<i2"), want)

@@ -63,15 +63,33 @@ def test_torch_fallback_without_cuda(model: Any, tmp_path: Path, caplog: pytest.
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the fallback is for machines without")
     for backend in ("auto", "trt-fp16", "trt-fp32"):
-        setup = trt.setup_estimator(model.flow, backend, device=torch.device("cpu"), model_dir=tmp_path,
-                                    data_dir=tmp_path, contexts=2, max_batch=4)
+        setup = trt.setup_estimator(
+            model.flow,
+            backend,
+            device=torch.device("cpu"),
+            model_dir=tmp_path,
+            data_dir=tmp_path,
+            contexts=2,
+            max_batch=4,
+        )
         assert setup.backend == "torch" and "not CUDA" in setup.reason
         assert model.flow.decoder.accelerated is None
-    assert trt.setup_estimator(model.flow, "torch", device=torch.device("cpu"), model_dir=tmp_path,
-                               data_dir=None, contexts=1, max_batch=1).backend == "torch"
+    assert (
+        trt.setup_estimator(
+            model.flow, "torch", device=torch.device("cpu"), model_dir=tmp_path, data_dir=None, contexts=1, max_batch=1
+        ).backend
+        == "torch"
+    )
     with pytest.raises(ValueError, match="backend"):
-        trt.setup_estimator(model.flow, "tensorrt", device=torch.device("cpu"), model_dir=tmp_path,
-                            data_dir=None, contexts=1, max_batch=1)
+        trt.setup_estimator(
+            model.flow,
+            "tensorrt",
+            device=torch.device("cpu"),
+            model_dir=tmp_path,
+            data_dir=None,
+            contexts=1,
+            max_batch=1,
+        )
 
 
 def test_engine_cache_beside_model_or_in_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,7 +100,9 @@ def test_engine_cache_beside_model_or_in_data_dir(tmp_path: Path, monkeypatch: p
     read_only.mkdir()
     # A read-only model directory (root writes anywhere, so the check itself is what is simulated).
     access = os.access
-    monkeypatch.setattr(trt.os, "access", lambda p, mode: False if str(p).startswith(str(read_only)) else access(p, mode))
+    monkeypatch.setattr(
+        trt.os, "access", lambda p, mode: False if str(p).startswith(str(read_only)) else access(p, mode)
+    )
     where = trt.cache_dir(read_only, tmp_path / "data")
     assert where.parent == tmp_path / "data" / "trt" and where.is_dir()
     assert where == trt.cache_dir(read_only, tmp_path / "data")  # stable per model directory
@@ -114,13 +134,16 @@ def test_trt_engine_matches_torch(model: Any, tmp_path: Path) -> None:
     with torch.inference_mode():
         want = estimator.forward_masked(*args[:5], args[5].long(), args[6].long())
     for precision, min_snr in (("fp32", 60.0), ("fp16", trt.FP16_MIN_SNR_DB)):
-        data, path, _ = trt.load_or_build(estimator, tmp_path, precision, trt.Profile(max_batch=4),
-                                          torch.device("cuda"))
+        data, path, _ = trt.load_or_build(
+            estimator, tmp_path, precision, trt.Profile(max_batch=4), torch.device("cuda")
+        )
         assert path.is_file()
-        engine = trt.TrtEstimator(data, precision, trt.Profile(max_batch=4), torch.device("cuda"), 2,
-                                  estimator.forward_masked)
+        engine = trt.TrtEstimator(
+            data, precision, trt.Profile(max_batch=4), torch.device("cuda"), 2, estimator.forward_masked
+        )
         got = engine(*args)
         assert trt.snr_db(want, got) > min_snr
-    setup = trt.setup_estimator(flow, "auto", device=torch.device("cuda"), model_dir=tmp_path, data_dir=None,
-                                contexts=2, max_batch=4)
+    setup = trt.setup_estimator(
+        flow, "auto", device=torch.device("cuda"), model_dir=tmp_path, data_dir=None, contexts=2, max_batch=4
+    )
     assert setup.backend.startswith("trt-")

@@ -25,8 +25,6 @@ from tests.cosyvoice2.sizes import expected_chunk_samples, most_tokens, samples_
 from tests.cosyvoice2.standins import tone_wav  # noqa: E402
 
 
-
-
 @pytest.fixture
 def deterministic_source(serving_service: Any) -> Iterator[None]:
     """Test-only: HiFT's sine source without its random phase and noise."""
@@ -61,8 +59,9 @@ def drive(session: CosyVoice2Session, texts: list[str]) -> tuple[list[np.ndarray
 
 
 @pytest.mark.parametrize("mode", ["sft", "zero_shot"])
-def test_session_equals_model_streaming(serving_service: Any, prompt: Any, deterministic_source: None,
-                                        mode: str) -> None:
+def test_session_equals_model_streaming(
+    serving_service: Any, prompt: Any, deterministic_source: None, mode: str
+) -> None:
     """Driven step by step, a session makes exactly what the LM then the model's streaming token2wav make."""
     service = serving_service
     voice = service.speakers["cosyvoice2-sft"] if mode == "sft" else service.prompt_voice(prompt, "zero_shot")
@@ -71,8 +70,9 @@ def test_session_equals_model_streaming(serving_service: Any, prompt: Any, deter
     assert kinds[0] == "lm" and "token2wav" in kinds
 
     text = torch.tensor([list(b"Good.")], dtype=torch.int32)
-    lm = service.model.llm.start(text, voice.lm_prompt.text_ids, voice.lm_prompt.speech_tokens,
-                                 generator=torch.Generator().manual_seed(5))
+    lm = service.model.llm.start(
+        text, voice.lm_prompt.text_ids, voice.lm_prompt.speech_tokens, generator=torch.Generator().manual_seed(5)
+    )
     assert list(service.model.llm.generate(lm)) == tokens and len(tokens) == lm.max_len == most_tokens(service, "Good.")
     reference = service.model.token2wav.stream(voice.flow_prompt, torch.Generator().manual_seed(6))
     want = [c for t in tokens for c in reference.push([t])] + reference.finish()
@@ -175,9 +175,11 @@ def test_concurrent_streams_through_the_engine(serving_service: Any) -> None:
         engine = Engine(EngineSettings(warmup=False, runner_threads=2), voices=registry)
         await engine.start()
         try:
+
             async def one(seed: int) -> np.ndarray:
                 stream = engine.open_stream(
-                    SynthesisRequest(text="Hi. Ok.", voice="cosyvoice2-sft", options=SynthesisOptions(seed=seed)))
+                    SynthesisRequest(text="Hi. Ok.", voice="cosyvoice2-sft", options=SynthesisOptions(seed=seed))
+                )
                 return np.concatenate([pcm async for pcm in stream.audio()])
 
             alone = [await one(1), await one(2)]

@@ -45,13 +45,23 @@ SAVE_IN_CHILD = textwrap.dedent("""
 
 
 def features(frames: int = 40) -> PromptFeatures:
-    return PromptFeatures(torch.zeros(1, 192), torch.zeros(1, frames // 2, dtype=torch.int32),
-                          torch.randn(1, frames, 80), "Hello.", torch.ones(1, 3, dtype=torch.int32))
+    return PromptFeatures(
+        torch.zeros(1, 192),
+        torch.zeros(1, frames // 2, dtype=torch.int32),
+        torch.randn(1, frames, 80),
+        "Hello.",
+        torch.ones(1, 3, dtype=torch.int32),
+    )
 
 
 def save_in_child(directory: Path, voice_id: str, frames: int, file_limit: int = 0) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", SAVE_IN_CHILD, str(directory), voice_id, str(frames),
-                             str(file_limit)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", SAVE_IN_CHILD, str(directory), voice_id, str(frames), str(file_limit)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_a_full_disk_leaves_no_voice_and_keeps_the_others(tmp_path: Path) -> None:
@@ -91,9 +101,18 @@ def test_a_corrupt_model_directory_stops_the_server(model_dir: Path, tmp_path: P
         if item.name != "llm.pt":
             (broken / item.name).symlink_to(item.resolve(), target_is_directory=item.is_dir())
     (broken / "llm.pt").write_bytes(b"this is not a checkpoint")
-    result = subprocess.run([sys.executable, "-m", "rtvoice.app.cli", "serve"], cwd=REPO, capture_output=True,
-                            text=True, timeout=180, env={**os.environ, "RTVOICE_PORT": str(free_port()),
-                                                         "RTVOICE_COSYVOICE_DIR": str(broken),
-                                                         "RTVOICE_DATA_DIR": str(tmp_path / "data")})
+    result = subprocess.run(
+        [sys.executable, "-m", "rtvoice.app.cli", "serve"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={
+            **os.environ,
+            "RTVOICE_PORT": str(free_port()),
+            "RTVOICE_COSYVOICE_DIR": str(broken),
+            "RTVOICE_DATA_DIR": str(tmp_path / "data"),
+        },
+    )
     assert result.returncode == 1, result.stderr[-2000:]
     assert f"cannot load the CosyVoice2 model in {broken}" in result.stderr

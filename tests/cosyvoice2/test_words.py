@@ -33,7 +33,9 @@ def stream_events(service: Any, voice: Any, text: str, seed: int) -> list[object
         engine = Engine(EngineSettings(warmup=False), voices=registry)
         await engine.start()
         try:
-            stream = engine.open_stream(SynthesisRequest(text=text, voice=voice.info.id, options=SynthesisOptions(seed=seed)))
+            stream = engine.open_stream(
+                SynthesisRequest(text=text, voice=voice.info.id, options=SynthesisOptions(seed=seed))
+            )
             return [event async for event in stream.events()]
         finally:
             await engine.stop()
@@ -46,7 +48,7 @@ def test_cosyvoice2_words_are_marked_estimates_inside_their_audio(serving_servic
     received = stream_events(serving_service, voice, TEXT, seed=2)
     words = [e for e in received if isinstance(e, WordTiming)]
     assert [w.text for w in words] == ["Hello", "there", "$5", "each", "And", "a", "second", "sentence", "follows"]
-    assert all(w.approximate and TEXT[w.start:w.end] == w.text for w in words)
+    assert all(w.approximate and TEXT[w.start : w.end] == w.text for w in words)
     sent = 0.0
     segment_ends: list[float] = []
     for event in received:
