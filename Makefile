@@ -46,7 +46,7 @@ whep-player: $(WHEP_PLAYER)/node_modules/.package-lock.json
 
 # Ruff (format and lint) and mypy, as configured in pyproject.toml: a finding fails `make test` before any test runs.
 # mypy reads app/ and engine/ under their installed names through links in build/typecheck (see [tool.mypy]).
-LINTED := app engine testkit
+LINTED := app engine testkit tests bench
 TYPECHECK := build/typecheck/rtvoice
 lint: test-deps
 	$(VENV)/bin/ruff format --check $(LINTED)

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -262,10 +263,10 @@ def table(title: str, header: list[str], rows: list[list[Any]]) -> None:
     print(f"\n## {title}\n")
     cells = [[str(c) for c in header]] + [[f"{c:.2f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(cells[0], widths)) + " |")
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(cells[0], widths, strict=True)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in cells[1:]:
-        print("| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |")
+        print("| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |")
     sys.stdout.flush()
 
 
@@ -303,10 +304,10 @@ def lm_streams(service: Any, voice: Any, n: int, decode_steps: int) -> list[Any]
             generator=torch.Generator(device=service.device).manual_seed(i),
         )
         streams.append(s)
-    for s, logp in zip(streams, llm.forward_step(streams)):
+    for s, logp in zip(streams, llm.forward_step(streams), strict=True):
         llm.choose(s, logp)
     for _ in range(decode_steps):
-        for s, logp in zip(streams, llm.forward_step(streams)):
+        for s, logp in zip(streams, llm.forward_step(streams), strict=True):
             llm.choose(s, logp)
     return streams
 
@@ -317,11 +318,11 @@ def bench_lm(service: Any, voice: Any, sizes: list[int], repeats: int, results: 
     for n in sizes:
         streams = lm_streams(service, voice, n, decode_steps=20)
 
-        def batched() -> None:
-            for s, logp in zip(streams, llm.forward_step(streams)):
+        def batched(streams: list[Any] = streams) -> None:
+            for s, logp in zip(streams, llm.forward_step(streams), strict=True):
                 llm.choose(s, logp)
 
-        def single() -> None:
+        def single(streams: list[Any] = streams) -> None:
             for s in streams:
                 llm.choose(s, llm.forward_step([s])[0])
 
@@ -340,7 +341,7 @@ def bench_lm(service: Any, voice: Any, sizes: list[int], repeats: int, results: 
     rows = []
     for n in sizes:
 
-        def fresh() -> list[Any]:
+        def fresh(n: int = n) -> list[Any]:
             return [
                 llm.start(
                     ids_tensor(service.frontend.text_ids(TEXT[: 40 + 3 * i]), device),
@@ -391,7 +392,7 @@ def bench_token2wav_growth(service: Any, voice: Any, n_tokens: int, results: dic
             [upto, voice.flow_prompt.tokens.shape[1] + upto, audio_s, seconds * 1e3, seconds * 1e3 / max(audio_s, 1e-9)]
         )
     results["token2wav_growth"] = [
-        dict(zip(["tokens", "flow_tokens", "audio_s", "ms", "ms_per_audio_s"], r)) for r in rows
+        dict(zip(["tokens", "flow_tokens", "audio_s", "ms", "ms_per_audio_s"], r, strict=True)) for r in rows
     ]
     table(
         f"token2wav chunks along one {n_tokens}-token utterance (prompt {voice.flow_prompt.tokens.shape[1]} "
@@ -418,7 +419,7 @@ def bench_token2wav_batch(service: Any, voice: Any, sizes: list[int], repeats: i
         return [dict(vars(s)) for s in ss]
 
     def restore(ss: list[Any], states: list[dict[str, Any]]) -> None:
-        for s, state in zip(ss, states):
+        for s, state in zip(ss, states, strict=True):
             s.__dict__.update(state)
 
     rows = []
@@ -426,11 +427,11 @@ def bench_token2wav_batch(service: Any, voice: Any, sizes: list[int], repeats: i
         ss = streams(n)
         states = snapshot(ss)
 
-        def batched() -> None:
+        def batched(ss: list[Any] = ss, states: list[dict[str, Any]] = states) -> None:
             restore(ss, states)
             t2w.step_many(ss)
 
-        def single() -> None:
+        def single(ss: list[Any] = ss, states: list[dict[str, Any]] = states) -> None:
             restore(ss, states)
             for s in ss:
                 t2w.step_many([s])
@@ -482,11 +483,11 @@ def bench_estimator(
         args = trt.example_inputs(estimator, batch=2 * n, frames=frames, device=device, seed=n)
         lengths, chunks = args[5].long(), args[6].long()
         with torch.inference_mode():
-            torch_s = timed(lambda: estimator.forward_masked(*args[:5], lengths, chunks), device, repeats)
+            torch_s = timed(partial(estimator.forward_masked, *args[:5], lengths, chunks), device, repeats)
             row: list[Any] = [n, 2 * n, torch_s * 1e3]
             entry: dict[str, Any] = {"streams": n, "torch_ms": torch_s * 1e3}
             if engine is not None:
-                trt_s = timed(lambda: engine(*args), device, repeats)
+                trt_s = timed(partial(engine, *args), device, repeats)
                 snr = trt.snr_db(estimator.forward_masked(*args[:5], lengths, chunks), engine(*args))
                 row += [trt_s * 1e3, torch_s / trt_s, snr]
                 entry.update(trt_fp16_ms=trt_s * 1e3, snr_db=snr)

@@ -264,7 +264,7 @@ async def _watch_queue(server: Server | None, client: httpx.AsyncClient, stop: a
                     most = max(most, int(float(line.split()[1])))
             try:
                 await asyncio.wait_for(stop.wait(), QUEUE_POLL_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
     return most
 

@@ -174,7 +174,7 @@ async def sample(
         samples.append(await asyncio.to_thread(snapshot, url, headers))
         try:
             await asyncio.wait_for(stop.wait(), every_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 

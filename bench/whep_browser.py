@@ -45,9 +45,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from testkit.servers import Server, start_rtvoice
 from bench.whep_listeners import percentile
 from testkit.browser import launch_chromium, serve_whep_player
+from testkit.servers import Server, start_rtvoice
 
 TEXT = "Hello! How can I help you today?"
 LOAD_TEXT = (

@@ -31,6 +31,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
+from itertools import pairwise
 
 import httpx
 
@@ -107,7 +108,7 @@ def server_metrics(url: str) -> dict[str, float]:
 
 def arrival_gaps(player: WhepPlayer, start: float, end: float) -> int:
     times = [f.at for f in player.frames if start <= f.at <= end]
-    return sum(1 for a, b in zip(times, times[1:]) if b - a > GAP_S)
+    return sum(1 for a, b in pairwise(times) if b - a > GAP_S)
 
 
 async def run_level(url: str, pid: int, n: int, text: str, stagger_s: float) -> Level:
@@ -144,7 +145,7 @@ async def run_level(url: str, pid: int, n: int, text: str, stagger_s: float) -> 
             dones = [r for r in results if isinstance(r, dict)]
             audio_s = sum(d["audio_s"] for d in dones)
             ttfa, server_ttfa, gaps = [], [], 0
-            for player, t in zip(players, sent):
+            for player, t in zip(players, sent, strict=True):
                 frame = player.first_speech_after(t)
                 if frame is not None:
                     ttfa.append(frame.at - t)

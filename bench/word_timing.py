@@ -34,7 +34,7 @@ class SentenceResult:
 
     @property
     def errors_s(self) -> list[float]:
-        return [word.start_s - aligned for word, aligned in zip(self.words, self.aligned_starts)]
+        return [word.start_s - aligned for word, aligned in zip(self.words, self.aligned_starts, strict=True)]
 
     @property
     def mae_s(self) -> float:
@@ -81,7 +81,7 @@ def main() -> None:
             per_sentence.setdefault(result.text, []).extend(abs(e) for e in result.errors_s)
             all_errors.extend(result.errors_s)
             guess = estimated(result.text, result.words, result.audio_s)
-            ref = [g - a for g, a in zip(guess, result.aligned_starts)]
+            ref = [g - a for g, a in zip(guess, result.aligned_starts, strict=True)]
             reference.setdefault(result.text, []).extend(abs(e) for e in ref)
             reference_errors.extend(ref)
     print(

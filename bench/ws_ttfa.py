@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 
 import websockets
 
-from testkit.servers import start_rtvoice
 from bench.ttfa import TEXTS
 from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.text import Segmenter
+from testkit.servers import start_rtvoice
 
 
 @dataclass

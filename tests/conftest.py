@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from testkit.servers import Server, start_rtvoice
 from testkit.browser import Missing, launch_chromium, skip_or_fail
+from testkit.servers import Server, start_rtvoice
 
 __all__ = ["Server", "settled_audio_seconds"]
 

@@ -11,9 +11,9 @@ import numpy as np
 
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.request import SynthesisRequest
 from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.voices import VoiceRegistry, embedded_voice_path
-from rtvoice.engine.request import SynthesisRequest
 
 EMBEDDED_VOICE_RATE: int = json.loads(Path(f"{embedded_voice_path()}.json").read_text())["audio"]["sample_rate"]
 """The embedded voice's own rate, from its config: what routes answer at unless asked for another."""

@@ -108,7 +108,7 @@ class FakeVoice(Voice):
     def __init__(
         self,
         costs: Costs | None = None,
-        plan: ChunkPlan = ChunkPlan(),
+        plan: ChunkPlan | None = None,
         voice_id: str = "fake",
         wide_kinds: frozenset[str] = frozenset(),
     ) -> None:
@@ -117,7 +117,7 @@ class FakeVoice(Voice):
         self.costs = costs or Costs()
         self._wide_kinds = wide_kinds
         frame_ms = 1000 * FRAME_S
-        self.geometry = Geometry.of(plan, frame_ms, flow_context=32, decoder_context=11)
+        self.geometry = Geometry.of(plan or ChunkPlan(), frame_ms, flow_context=32, decoder_context=11)
         self.planner = Planner(self.geometry)
 
     def open_session(self, options: SynthesisOptions) -> FakeSession:
@@ -262,7 +262,7 @@ class Simulation:
     """The real scheduler on simulated time: calls take what the fake voice's costs say."""
 
     def __init__(
-        self, voice: FakeVoice, slots: int = 2, limits: Limits = Limits(), noise: float = 0.0, seed: int = 0
+        self, voice: FakeVoice, slots: int = 2, limits: Limits | None = None, noise: float = 0.0, seed: int = 0
     ) -> None:
         """``noise``: each call takes its cost times a log-normal factor of this spread (0: exactly its cost),
         drawn from a generator seeded with ``seed``, as on a machine shared with other work."""
@@ -271,7 +271,7 @@ class Simulation:
         self._random = random.Random(seed)
         self.clock = Clock()
         self.metrics = Metrics()
-        self.scheduler = Scheduler(slots, limits, self.metrics, clock=self.clock)
+        self.scheduler = Scheduler(slots, limits or Limits(), self.metrics, clock=self.clock)
         self.streams: list[SpeechStream] = []
         self.calls: list[_Call] = []
         self._arrivals: list[tuple[float, int, Callable[[], None]]] = []

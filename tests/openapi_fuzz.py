@@ -28,23 +28,30 @@ def fuzz_openapi(base_url: str, max_examples: int, skip: tuple[str, ...] = ()) -
         if any(part in operation.label for part in skip):
             continue
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-
-            @settings(max_examples=max_examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-            @given(operation.as_strategy(generation_mode=mode))
-            def check(case: Any) -> None:
-                response = case.call(base_url=base_url, timeout=120)
-                statuses[response.status_code] += 1
-                assert response.status_code < 500, (
-                    operation.label,
-                    mode.value,
-                    case.query,
-                    case.body,
-                    response.status_code,
-                    response.text[:300],
-                )
-
-            try:
-                check()
-            except Unsatisfiable:
-                assert mode is GenerationMode.NEGATIVE  # an operation without inputs has no invalid ones
+            _fuzz_operation(base_url, operation, mode, max_examples, statuses)
     return statuses
+
+
+def _fuzz_operation(
+    base_url: str, operation: Any, mode: GenerationMode, max_examples: int, statuses: Counter[int]
+) -> None:
+    """``max_examples`` cases of ``operation`` in ``mode``, counted into ``statuses``; AssertionError at a 5xx."""
+
+    @settings(max_examples=max_examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(operation.as_strategy(generation_mode=mode))
+    def check(case: Any) -> None:
+        response = case.call(base_url=base_url, timeout=120)
+        statuses[response.status_code] += 1
+        assert response.status_code < 500, (
+            operation.label,
+            mode.value,
+            case.query,
+            case.body,
+            response.status_code,
+            response.text[:300],
+        )
+
+    try:
+        check()
+    except Unsatisfiable:
+        assert mode is GenerationMode.NEGATIVE  # an operation without inputs has no invalid ones

@@ -14,8 +14,8 @@ import websockets
 
 from rtvoice.app.access import KeyRing, RequestRate, parse_api_keys, warn_if_open
 from rtvoice.app.settings import Settings
-from tests.conftest import Server
 from testkit.polling import wait_for
+from tests.conftest import Server
 from tests.engine_output import EMBEDDED_VOICE_RATE
 
 ALICE = "sk-alice-0123456789"

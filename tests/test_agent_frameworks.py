@@ -14,9 +14,8 @@ to where an independent forced aligner (PocketSphinx) finds the words in the aud
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
 import statistics
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -85,7 +84,10 @@ def check_word_starts(pcm: bytes, starts_s: list[float], relative: bool = False)
     aligned = forced_alignment(np.frombuffer(pcm, dtype="<i2"), SPOKEN.split("|"))
     if relative:
         starts_s = [s - starts_s[0] + aligned[0] for s in starts_s]
-    assert statistics.fmean(abs(s - a) for s, a in zip(starts_s, aligned)) <= MAX_MAE_S, (starts_s, aligned)
+    assert statistics.fmean(abs(s - a) for s, a in zip(starts_s, aligned, strict=True)) <= MAX_MAE_S, (
+        starts_s,
+        aligned,
+    )
 
 
 # -- Pipecat ---------------------------------------------------------------------------------------------------

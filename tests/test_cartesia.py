@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import websockets
 
+from testkit.polling import wait_for
 from tests.audio import decode, parse_wav, same_speech
 from tests.conftest import Server
 from tests.engine_output import EMBEDDED_VOICE_RATE, synthesize
-from testkit.polling import wait_for
 
 CARTESIA_VOICE = "a0e99841-438c-4a64-b679-ae501e7d6091"
 """A voice id of Cartesia's own: it names no rtvoice voice."""
@@ -146,7 +146,7 @@ def test_add_timestamps_sends_each_word_before_the_chunk_that_holds_it(server: S
     words, starts, ends = words_of(messages)
     assert words == ["It", "costs", "$100,", "Dr.", "Smith", "said.", "Then", "we", "left."]
     audio_s = len(pcm_of(messages)) / 16000
-    assert starts == sorted(starts) and all(s < e <= audio_s + 0.002 for s, e in zip(starts, ends))
+    assert starts == sorted(starts) and all(s < e <= audio_s + 0.002 for s, e in zip(starts, ends, strict=True))
     assert starts[6] > audio_s / 2  # the second sentence's words count from the context's start
     sent_s = 0.0
     for message in messages:

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from rtvoice.app.cosyvoice_grpc import generate as generate_module
+from testkit.polling import wait_for
 from testkit.servers import free_port
 from tests.conftest import Server
 from tests.engine_output import EMBEDDED_VOICE_RATE, synthesize
-from testkit.polling import wait_for
 
 TEXT = "CosyVoice's client speaks through rtvoice."
 RATE = EMBEDDED_VOICE_RATE

@@ -76,7 +76,7 @@ def test_readme_configuration_table_shows_the_defaults(
     assert len(rows) >= 8
     defaults = Settings(_env_file=None)
     for variables, cells in rows:
-        for variable, cell in zip(variables, cells):
+        for variable, cell in zip(variables, cells, strict=True):
             assert variable in SETTINGS, f"README's table names {variable}, which is not a setting"
             default = getattr(defaults, SETTINGS[variable])
             literal = re.fullmatch(r"`([^`]*)`", cell)

@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import websockets
 
-from testkit.servers import Server, start_rtvoice
-from tests.audio import parse_wav
 from testkit.polling import wait_for
+from testkit.servers import Server, start_rtvoice
 from testkit.whep_client import WhepPlayer
+from tests.audio import parse_wav
 from tests.engine_output import EMBEDDED_VOICE_RATE
 
 LONG_TEXT = " ".join(["The drain lets this sentence finish before the server goes away."] * 6)

@@ -24,22 +24,22 @@ import numpy as np
 import pytest
 import websockets
 
-from testkit.servers import REPO, start_rtvoice
 from rtvoice.engine.core import CallDeadlines, EngineCore
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import StreamFailed
 from rtvoice.engine.faults import FaultySession, FaultyVoice, parse_faults
 from rtvoice.engine.models.base import SynthesisOptions, Voice, VoiceSession
 from rtvoice.engine.models.piper.voice import PiperVoice
+from rtvoice.engine.request import SynthesisRequest
 from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import SpeechStream
 from rtvoice.engine.voices import VoiceRegistry
-from rtvoice.engine.request import SynthesisRequest
+from testkit.polling import wait_for
+from testkit.servers import REPO, start_rtvoice
+from testkit.whep_client import refused_then_spoken
 from tests.audio import parse_wav, same_speech, snr_db
 from tests.conftest import Server
 from tests.fake_voice import FakeVoice, SimulatedRunner, Simulation
-from testkit.polling import wait_for
-from testkit.whep_client import refused_then_spoken
 
 CLEAN = "A clean stream runs beside the failing one and is spoken to its very end."
 SLOTS = 2
@@ -82,7 +82,9 @@ def faulty(faulty_log: Path) -> Iterator[Server]:
     # 8 times the longest a recent call held its slot (not the default 10, to keep the tests short).
     server = start_rtvoice(
         {
-            "RTVOICE_FAULT_INJECTION": "decode:FAILDECODE,encode:FAILENCODE,decode:HANGDECODE:hang,encode:HANGENCODE:hang",
+            "RTVOICE_FAULT_INJECTION": (
+                "decode:FAILDECODE,encode:FAILENCODE,decode:HANGDECODE:hang,encode:HANGENCODE:hang"
+            ),
             "RTVOICE_MAX_BATCH_SIZE": "1",
             "RTVOICE_RUNNER_THREADS": str(SLOTS),
             "RTVOICE_MODEL_CALL_DEADLINE_FACTOR": "8",

@@ -20,12 +20,12 @@ import websockets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from testkit.polling import wait_for_async
+from testkit.whep_client import WhepPlayer
 from tests.audio import snr_db
 from tests.conftest import Server
 from tests.openapi_fuzz import fuzz_openapi
 from tests.test_whep import offer_sdp
-from testkit.polling import wait_for_async
-from testkit.whep_client import WhepPlayer
 
 FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-
 import httpx
 import numpy as np
 import pytest
 
+from testkit.polling import wait_for
 from tests.audio import parse_wav, rms, same_speech
 from tests.conftest import Server, settled_audio_seconds
 from tests.engine_output import EMBEDDED_VOICE_RATE, synthesize
-from testkit.polling import wait_for
 
 TEXT = "Hello there. This sentence comes from rtvoice, streaming as it speaks."
 LONG_TEXT = " ".join(
     [
-        "When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone expected a short",
-        "meeting, but the discussion about the new budget, the delayed construction of the bridge, and the future of the",
-        "community garden went on for hours.",
+        "When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone expected a",
+        "short meeting, but the discussion about the new budget, the delayed construction of the bridge, and the",
+        "future of the community garden went on for hours.",
     ]
     * 4
 )

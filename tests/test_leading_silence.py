@@ -9,8 +9,8 @@ import numpy as np
 from rtvoice.engine.audio.pcm import leading_silence
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.output import MAX_TRIMMED_S, ONSET_LEAD_S, SILENCE_THRESHOLD
-from rtvoice.engine.stream import AudioChunk, WordTiming
 from rtvoice.engine.request import SynthesisRequest
+from rtvoice.engine.stream import AudioChunk, WordTiming
 from tests.engine_output import reference_engine
 
 TEXT = "Hello! How can I help you today?"
@@ -57,6 +57,6 @@ def test_trimmed_stream_is_the_same_speech_from_its_first_sound() -> None:
     assert difference.max() <= 2, difference.max()
     assert np.count_nonzero(difference) <= len(whole) // 1000
     assert [w.text for w in trimmed_words] == [w.text for w in whole_words]
-    for moved, original in zip(trimmed_words, whole_words):
+    for moved, original in zip(trimmed_words, whole_words, strict=True):
         assert moved.start_s == max(0.0, original.start_s - dropped / RATE)
         assert moved.end_s == max(0.0, original.end_s - dropped / RATE)

@@ -16,10 +16,10 @@ import httpx
 import pytest
 import websockets
 
-from tests.conftest import Server
 from testkit.polling import wait_for
-from tests.test_whep import offer_sdp
 from testkit.whep_client import refused_then_spoken
+from tests.conftest import Server
+from tests.test_whep import offer_sdp
 
 LIMITS = {
     "max_body_bytes": "4096",
@@ -60,7 +60,7 @@ def read_all(sock: socket.socket, timeout: float) -> bytes:
     try:
         while chunk := sock.recv(65536):
             data += chunk
-    except (socket.timeout, ConnectionResetError):
+    except (TimeoutError, ConnectionResetError):
         pass
     return data
 

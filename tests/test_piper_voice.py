@@ -64,10 +64,10 @@ def test_split_graph_equals_the_original(piper_voice: PiperVoice) -> None:
         "scales": scales,
         **{
             name: np.zeros((1, c, ids.shape[1]), np.float32)
-            for name, c in zip(g.duration_noise, piper_voice.duration_noise_channels)
+            for name, c in zip(g.duration_noise, piper_voice.duration_noise_channels, strict=True)
         },
     }
-    encoded = dict(zip(g.encoder.outputs, piper_voice.encoder.run(None, feeds)))
+    encoded = dict(zip(g.encoder.outputs, piper_voice.encoder.run(None, feeds), strict=True))
     flow_feeds = {k: v for k, v in encoded.items() if k in g.flow.inputs}
     flow_feeds[g.prior_noise] = np.zeros_like(encoded[g.prior_mean])
     (latent,) = piper_voice.flow.run(None, flow_feeds)
@@ -235,17 +235,17 @@ def test_batched_steps_equal_single_steps(piper_voice: PiperVoice, kind: str) ->
             session.complete(step, result)
 
     if kind == "decode":  # decoder batches share a chunk length, as the scheduler's batch key requires
-        steps = [first_step(t, s) for t, s in zip(texts, (1, 2, 3))]
+        steps = [first_step(t, s) for t, s in zip(texts, (1, 2, 3), strict=True)]
         steps = [s for s in steps if s.batch_key == steps[1].batch_key]
         assert len(steps) >= 2
     else:
-        steps = [first_step(t, s) for t, s in zip(texts, (1, 2, 3))]
+        steps = [first_step(t, s) for t, s in zip(texts, (1, 2, 3), strict=True)]
     singles = [piper_voice.run([s.payload])[0] for s in steps]
     # Same seeds again: the encoder draws noise from each stream's generator.
     if kind == "encode":
-        steps = [first_step(t, s) for t, s in zip(texts, (1, 2, 3))]
+        steps = [first_step(t, s) for t, s in zip(texts, (1, 2, 3), strict=True)]
     batched = piper_voice.run([s.payload for s in steps])
-    for single, batch in zip(singles, batched):
+    for single, batch in zip(singles, batched, strict=True):
         if kind == "encode":
             assert single.frames == batch.frames
             for name, value in single.frame_inputs.items():

@@ -21,20 +21,20 @@ from rtvoice.engine.admission import Need, schedulable
 from rtvoice.engine.cost import CostModel, LinearFit
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import Overloaded
+from rtvoice.engine.metrics import Metrics
 from rtvoice.engine.models.base import Step, StepBudget, SynthesisOptions
 from rtvoice.engine.models.piper.plan import STARTING_FLOW_CHUNKS, DecodeChunk, FlowWindow, Progress
 from rtvoice.engine.models.piper.voice import PiperVoice
-from rtvoice.engine.metrics import Metrics
+from rtvoice.engine.request import SynthesisRequest
 from rtvoice.engine.runner import BatchOutput
 from rtvoice.engine.scheduler import Batch, Limits, Scheduler
 from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import SpeechStream
-from rtvoice.engine.request import SynthesisRequest
+from testkit.polling import wait_for
 from tests.audio import same_speech, snr_db
 from tests.conftest import Server
-from tests.fake_voice import Costs, FakeDecode, FakeVoice, Simulation
-from testkit.polling import wait_for
 from tests.engine_output import reference_engine
+from tests.fake_voice import Costs, FakeDecode, FakeVoice, Simulation
 
 LONG = " ".join(["The long story goes on and on, sentence after sentence, for a good while."] * 30)
 SHORT = "Short one."
@@ -503,7 +503,7 @@ def test_when_the_machine_slows_under_its_listeners_chunks_stay_efficient() -> N
         capacity = sim.scheduler.capacity(voice)
         listeners(sim, int(0.8 * capacity), 1.0, utterances=3)
 
-        def slow_down() -> None:
+        def slow_down(voice: FakeVoice = voice) -> None:
             voice.costs.scale = 2.0
 
         sim.at(2.0, slow_down)
@@ -580,7 +580,7 @@ def test_batching_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     alone, _ = asyncio.run(run(together=False))
     together, widest = asyncio.run(run(together=True))
     assert widest > 1, "no call carried more than one stream"
-    for a, b in zip(alone, together):
+    for a, b in zip(alone, together, strict=True):
         assert same_speech(b, a), snr_db(a, b)
 
 
@@ -739,7 +739,7 @@ def test_stream_audio_is_whole_under_concurrency(server: Server) -> None:
     alone = [_seeded(server, i, t) for i, t in enumerate(texts)]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         together = list(pool.map(lambda it: _seeded(server, it[0], it[1]), enumerate(texts)))
-    for a, b in zip(alone, together):
+    for a, b in zip(alone, together, strict=True):
         a_pcm, b_pcm = np.frombuffer(a, "<i2"), np.frombuffer(b, "<i2")
         assert same_speech(b_pcm, a_pcm), snr_db(a_pcm, b_pcm)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
-from testkit.servers import start_rtvoice
 from testkit.polling import wait_for
+from testkit.servers import start_rtvoice
 
 LINE = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) +[\w.]+: \S")
 

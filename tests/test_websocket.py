@@ -13,21 +13,21 @@ import pytest
 import websockets
 
 from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.request import SynthesisRequest
 from rtvoice.engine.settings import EngineSettings
 from rtvoice.engine.stream import AudioChunk, SegmentDone
 from rtvoice.engine.text import Segmenter
-from rtvoice.engine.request import SynthesisRequest
+from testkit.polling import wait_for
 from tests.audio import same_speech
 from tests.conftest import Server, settled_audio_seconds
-from testkit.polling import wait_for
 from tests.engine_output import EMBEDDED_VOICE_RATE, reference_engine
 
 SENTENCE = "This sentence comes from rtvoice, streaming as it speaks."
 LONG_TEXT = " ".join(
     [
-        "When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone expected a short",
-        "meeting, but the discussion about the new budget, the delayed construction of the bridge, and the future of the",
-        "community garden went on for hours.",
+        "When the committee finally gathered in the old library on a rainy Thursday afternoon, everyone expected a",
+        "short meeting, but the discussion about the new budget, the delayed construction of the bridge, and the",
+        "future of the community garden went on for hours.",
     ]
     * 4
 )
@@ -159,7 +159,7 @@ class Client:
         """True when nothing arrives for ``seconds``."""
         try:
             await asyncio.wait_for(self.ws.recv(), seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return True
         return False
 
@@ -233,7 +233,7 @@ def test_many_utterances_on_one_connection_then_end(server: Server) -> None:
     utterances, close_code = session(server, body)
     assert close_code == 1000
     expected = engine_pcm([Job([text], seed=3) for text in texts])
-    for index, (utterance, want) in enumerate(zip(utterances, expected)):
+    for index, (utterance, want) in enumerate(zip(utterances, expected, strict=True)):
         assert utterance.order[0] == "audio_start" and utterance.order[-1] == "done"
         done = utterance.event("done")
         segmenter = Segmenter.of(EngineSettings())

@@ -7,6 +7,7 @@ import json
 import re
 import time
 from collections.abc import Coroutine, Iterator
+from itertools import pairwise
 from typing import Any
 
 import httpx
@@ -16,9 +17,9 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from rtvoice.app.whep.mediastreams import FRAME_S, FRAME_SAMPLES
 from rtvoice.engine.audio.framing import FrameBuffer
-from tests.conftest import Server
 from testkit.polling import wait_for, wait_for_async
 from testkit.whep_client import SPEECH_RMS, RtpArrival, StunResponder, WhepPlayer
+from tests.conftest import Server
 
 SDP = {"Content-Type": "application/sdp"}
 FRAG = {"Content-Type": "application/trickle-ice-sdpfrag"}
@@ -175,11 +176,11 @@ def assert_talkspurts_marked(rtp: list[RtpArrival], utterances: int, underrun_fr
     skipped RTP time (the server's loop was late) and on each utterance's first packet (or where speech resumes
     after an underrun), and on no other."""
     assert rtp and rtp[0].marker == 1
-    steps = [b.timestamp - a.timestamp & 0xFFFFFFFF for a, b in zip(rtp, rtp[1:])]
+    steps = [b.timestamp - a.timestamp & 0xFFFFFFFF for a, b in pairwise(rtp)]
     assert all(step >= FRAME_SAMPLES and step % FRAME_SAMPLES == 0 for step in steps), steps
-    assert [b.sequence_number - a.sequence_number & 0xFFFF for a, b in zip(rtp, rtp[1:])] == [1] * len(steps)
-    assert all(packet.marker for packet, step in zip(rtp[1:], steps) if step > FRAME_SAMPLES)
-    onsets = sum(1 for packet, step in zip(rtp[1:], steps) if step == FRAME_SAMPLES and packet.marker)
+    assert [b.sequence_number - a.sequence_number & 0xFFFF for a, b in pairwise(rtp)] == [1] * len(steps)
+    assert all(packet.marker for packet, step in zip(rtp[1:], steps, strict=True) if step > FRAME_SAMPLES)
+    onsets = sum(1 for packet, step in zip(rtp[1:], steps, strict=True) if step == FRAME_SAMPLES and packet.marker)
     skips = sum(1 for step in steps if step > FRAME_SAMPLES)
     # An onset may coincide with a skip; speech resuming after an underrun begins a talkspurt too.
     assert utterances - skips <= onsets <= utterances + underrun_frames, (onsets, skips, underrun_frames)
@@ -223,8 +224,8 @@ def test_datachannel_request_is_heard(server: Server) -> None:
             # Each word leaves with the frame that holds its start: its arrival, counted from audio_start's (the
             # first frame's), is its start in the audio, up to the event loop's jitter on a busy machine.
             started_at = player.event_times[types.index("audio_start")]
-            arrivals = [t for t, e in zip(player.event_times, player.events) if e["type"] == "word"]
-            lags = [(at - started_at) - w["start_s"] for at, w in zip(arrivals, words)]
+            arrivals = [t for t, e in zip(player.event_times, player.events, strict=True) if e["type"] == "word"]
+            lags = [(at - started_at) - w["start_s"] for at, w in zip(arrivals, words, strict=True)]
             assert all(-0.05 < lag < 0.3 for lag in lags), lags
             assert words[-1]["end_s"] <= done["audio_s"] + 0.02
             assert {f.samples for f in player.frames} == {FRAME_SAMPLES}  # 20 ms Opus frames at 48 kHz
@@ -568,7 +569,7 @@ def test_over_capacity_is_503_with_retry_after(configured: Server) -> None:
         pcs = [await offer_sdp() for _ in range(3)]
         locations = []
         try:
-            for pc, sdp in pcs[:2]:
+            for _pc, sdp in pcs[:2]:
                 response = post_offer(configured.url, sdp, headers=AUTH)
                 assert response.status_code == 201
                 locations.append(response.headers["location"])

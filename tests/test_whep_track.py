@@ -10,6 +10,7 @@ import asyncio
 import random
 from collections import deque
 from collections.abc import Coroutine
+from itertools import pairwise
 from typing import Any
 
 import av
@@ -63,7 +64,7 @@ def count_late(track: SpeechTrack) -> list[int]:
 
 def skipped_frames(pts: list[int]) -> int:
     """Frames of RTP time passed over between consecutive packets (each packet advances one frame)."""
-    return sum((b - a) // FRAME_SAMPLES - 1 for a, b in zip(pts, pts[1:]))
+    return sum((b - a) // FRAME_SAMPLES - 1 for a, b in pairwise(pts))
 
 
 async def pull(track: SpeechTrack, fake: FakeTime, count: int) -> list[tuple[float, int, bool]]:
@@ -114,8 +115,8 @@ def test_a_stall_skips_rtp_time_instead_of_bursting() -> None:
         lag = t0 - (start + pts0 / SAMPLE_RATE)
         assert lag == pytest.approx(0.010)
         # Then paced again on the same 20 ms grid, no catching up.
-        assert [b[0] - a[0] for a, b in zip(after, after[1:])] == pytest.approx([FRAME_S - lag] + [FRAME_S] * 8)
-        assert [b[1] - a[1] for a, b in zip(after, after[1:])] == [FRAME_SAMPLES] * 9
+        assert [b[0] - a[0] for a, b in pairwise(after)] == pytest.approx([FRAME_S - lag] + [FRAME_S] * 8)
+        assert [b[1] - a[1] for a, b in pairwise(after)] == [FRAME_SAMPLES] * 9
         assert not any(marked for _, _, marked in after[1:])
         # A pull that comes late between recv() calls (the sender itself was held up) is treated the same way.
         fake.now += 0.055

@@ -6,18 +6,19 @@ from __future__ import annotations
 import asyncio
 import statistics
 from collections.abc import Iterator
+from itertools import pairwise
 
 import numpy as np
 import pytest
 
-from testkit.alignment import ALIGNER_RATE, SENTENCES, forced_alignment, speak
 from rtvoice.engine.audio.pcm import to_float32, to_int16
 from rtvoice.engine.audio.resample import resample
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.request import SynthesisRequest
 from rtvoice.engine.stream import AudioChunk, SegmentDone, WordTiming
 from rtvoice.engine.text import Segmenter
-from rtvoice.engine.request import SynthesisRequest
+from testkit.alignment import ALIGNER_RATE, SENTENCES, forced_alignment, speak
 from tests.engine_output import reference_engine
 
 TEXT = "It costs $100, Dr. Smith said. Then we walked home, e.g. past the old mill, at 5 o'clock."
@@ -130,7 +131,7 @@ def test_words_are_ordered_inside_the_audio_and_before_it(engine: Engine) -> Non
     ]
     assert all(TEXT[w.start : w.end] == w.text and not w.approximate for w in words)
     total = audio_s(received)
-    for before, after in zip(words, words[1:]):
+    for before, after in pairwise(words):
         assert before.start_s <= after.start_s and before.end_s <= after.end_s + 1e-9
     assert all(0 <= w.start_s < w.end_s <= total + SAMPLE_EDGE_S for w in words)
     # Each word comes before the chunk that holds its start, and after the chunks that end before it.
@@ -161,7 +162,7 @@ def test_speed_scales_the_times(engine: Engine, speed: float) -> None:
     # Durations are whole frames (rounded up per phoneme), so the audio does not scale exactly by 1/speed.
     assert ratio == pytest.approx(1 / speed, rel=0.3)
     # Each word sits at the same place in the audio, scaled.
-    for a, b in zip(words_of(normal), words_of(changed)):
+    for a, b in zip(words_of(normal), words_of(changed), strict=True):
         assert b.start_s / audio_s(changed) == pytest.approx(a.start_s / audio_s(normal), abs=0.025), a.text
 
 
@@ -201,8 +202,8 @@ def test_word_starts_are_close_to_a_forced_alignment(engine: Engine) -> None:
     for text, spoken in SENTENCES:
         pcm, words = run(engine, speak(engine, text, seed=3))
         aligned = forced_alignment(pcm, spoken.split("|"))
-        errors = [abs(w.start_s - a) for w, a in zip(words, aligned)]
         assert len(words) == len(aligned)
+        errors = [abs(w.start_s - a) for w, a in zip(words, aligned, strict=True)]
         assert statistics.fmean(errors) <= MAX_SENTENCE_MAE_S, (text, errors)
         all_errors += errors
     assert statistics.fmean(all_errors) <= MAX_SENTENCE_MAE_S * 0.75
@@ -214,7 +215,7 @@ def test_segments_joined_are_close_to_a_forced_alignment(engine: Engine) -> None
     pcm, words = run(engine, speak(engine, f"{first} {second}", seed=5))
     aligned = forced_alignment(pcm, first_spoken.split("|") + second_spoken.split("|"))
     later = words[len(first_spoken.split("|")) :]
-    errors = [abs(w.start_s - a) for w, a in zip(later, aligned[-len(later) :])]
+    errors = [abs(w.start_s - a) for w, a in zip(later, aligned[-len(later) :], strict=True)]
     assert later[0].start_s > len(pcm) / ALIGNER_RATE / 3
     assert statistics.fmean(errors) <= MAX_SENTENCE_MAE_S, errors
 
@@ -230,5 +231,5 @@ def test_speed_and_rate_keep_word_starts_where_the_client_hears_them(engine: Eng
         heard = pcm if rate == ALIGNER_RATE else to_int16(resample(to_float32(pcm), rate, ALIGNER_RATE))
         aligned = forced_alignment(heard, spoken.split("|"))
         assert len(words) == len(aligned)
-        errors += [abs(w.start_s - a) for w, a in zip(words, aligned)]
+        errors += [abs(w.start_s - a) for w, a in zip(words, aligned, strict=True)]
     assert statistics.fmean(errors) <= MAX_SENTENCE_MAE_S, [round(e, 3) for e in errors]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from tests.cosyvoice2.deps import require
 
 torch = require("torch")

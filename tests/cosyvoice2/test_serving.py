@@ -18,19 +18,20 @@ import httpx
 import numpy as np
 import pytest
 
+from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.request import SynthesisRequest
+from testkit.servers import start_rtvoice
+from tests.audio import parse_wav
+from tests.conftest import Server
 from tests.cosyvoice2.deps import require
 
 torch = require("torch")
 require("transformers")
 require("kaldi_native_fbank")
 
-from testkit.servers import start_rtvoice  # noqa: E402
-from rtvoice.engine.models.base import SynthesisOptions  # noqa: E402
-from rtvoice.engine.request import SynthesisRequest
-from tests.audio import parse_wav  # noqa: E402
-from tests.conftest import Server  # noqa: E402
-from tests.cosyvoice2.sizes import expected_chunk_samples, most_tokens, samples_per_token  # noqa: E402
-from tests.cosyvoice2.standins import tone_wav  # noqa: E402
+# These import torch or onnx (the cosyvoice extra), so they follow require(): without it the module is skipped.
+from tests.cosyvoice2.sizes import expected_chunk_samples, most_tokens, samples_per_token  # noqa: E402 (cosyvoice extra)
+from tests.cosyvoice2.standins import tone_wav  # noqa: E402 (cosyvoice extra)
 
 PROMPT_WAV = tone_wav(2.0, 44100, 2, seed=7)
 PROMPT_TEXT = "Hello there, nice to meet you."

@@ -10,19 +10,20 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.request import SynthesisRequest
 from tests.cosyvoice2.deps import require
 
 torch = require("torch")
 require("transformers")
 require("kaldi_native_fbank")
 
-from rtvoice.engine.models.base import SynthesisOptions  # noqa: E402
-from rtvoice.engine.models.cosyvoice2.frontend import END_OF_PROMPT  # noqa: E402
-from rtvoice.engine.models.cosyvoice2.steps import PrefillJob  # noqa: E402
-from rtvoice.engine.models.cosyvoice2.voice import CosyVoice2Session  # noqa: E402
-from rtvoice.engine.request import SynthesisRequest
-from tests.cosyvoice2.sizes import expected_chunk_samples, most_tokens, samples_per_token  # noqa: E402
-from tests.cosyvoice2.standins import tone_wav  # noqa: E402
+# These import torch or onnx (the cosyvoice extra), so they follow require(): without it the module is skipped.
+from rtvoice.engine.models.cosyvoice2.frontend import END_OF_PROMPT  # noqa: E402 (cosyvoice extra)
+from rtvoice.engine.models.cosyvoice2.steps import PrefillJob  # noqa: E402 (cosyvoice extra)
+from rtvoice.engine.models.cosyvoice2.voice import CosyVoice2Session  # noqa: E402 (cosyvoice extra)
+from tests.cosyvoice2.sizes import expected_chunk_samples, most_tokens, samples_per_token  # noqa: E402 (cosyvoice extra)
+from tests.cosyvoice2.standins import tone_wav  # noqa: E402 (cosyvoice extra)
 
 
 @pytest.fixture
@@ -150,7 +151,7 @@ def test_interleaved_sessions_match_solo_runs(serving_service: Any, prompt: Any)
         lm = [(i, step) for i, step in steps if step.kind == "lm"]
         if len(lm) == 2 and lm[0][1].batch_key == lm[1][1].batch_key:  # one call for both, any speaker
             results = voices[1].run([step.payload for _, step in lm])
-            batch = list(zip(lm, results))
+            batch = list(zip(lm, results, strict=True))
         else:
             batch = [((i, step), sessions[i].voice.run([step.payload])[0]) for i, step in steps]
         for (i, step), result in batch:

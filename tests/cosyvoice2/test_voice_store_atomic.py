@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from testkit.servers import REPO, free_port
 from testkit.polling import wait_for
+from testkit.servers import REPO, free_port
 
 torch = pytest.importorskip("torch")
 

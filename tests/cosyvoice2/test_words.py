@@ -6,17 +6,17 @@ checked: words in order, spread inside each segment's audio, handed out before t
 from __future__ import annotations
 
 import asyncio
+from itertools import pairwise
 from typing import Any
 
+from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.request import SynthesisRequest
+from rtvoice.engine.stream import AudioChunk, SegmentDone, WordTiming
 from tests.cosyvoice2.deps import require
 
 torch = require("torch")
 require("transformers")
 require("kaldi_native_fbank")
-
-from rtvoice.engine.models.base import SynthesisOptions  # noqa: E402
-from rtvoice.engine.stream import AudioChunk, SegmentDone, WordTiming  # noqa: E402
-from rtvoice.engine.request import SynthesisRequest
 
 TEXT = "Hello there, $5 each. And a second sentence follows."
 
@@ -58,7 +58,7 @@ def test_cosyvoice2_words_are_marked_estimates_inside_their_audio(serving_servic
             segment_ends.append(sent)
         elif isinstance(event, WordTiming):
             assert event.start_s >= sent - 1e-9, f"{event.text} came after its audio"
-    for before, after in zip(words, words[1:]):
+    for before, after in pairwise(words):
         assert before.start_s <= after.start_s
     # Starts lie in the audio; an estimated end can pass it when a segment turns out shorter than estimated.
     assert all(0 <= w.start_s <= sent and w.end_s >= w.start_s for w in words)
