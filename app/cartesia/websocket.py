@@ -62,10 +62,9 @@ class Context:
     add_timestamps: bool
     buffer_delay_s: float
     """How long text without a sentence end may wait before it is spoken (0: never)."""
-    transcript: str = ""
-    """All the text the context was sent: where its words' spans point."""
     transcripts_at: list[int] = field(default_factory=list)
-    """Where each transcript starts in ``transcript``."""
+    """Where each transcript starts in all the text the context was sent (its stream's ``text``, where its words'
+    spans point)."""
     input_closed: bool = False
     cancelled: bool = False
     segments_sent: int = 0
@@ -172,10 +171,9 @@ class Connection:
         return context
 
     def _add_text(self, context: Context, text: str) -> None:
-        segments_before = len(context.stream.segments)
+        segments_before, starts_at = len(context.stream.segments), len(context.stream.text)
         context.stream.push_text(text)
-        context.transcripts_at.append(len(context.transcript))
-        context.transcript += text
+        context.transcripts_at.append(starts_at)
         if context.buffer_delay_s == 0:
             context.stream.flush()  # custom buffering: the client sends what it wants spoken now
             return
@@ -282,7 +280,7 @@ class ContextSender:
         context = self.context
         if isinstance(event, WordTiming):
             if context.add_timestamps:
-                token, self.token_end = client_token(context.transcript, context.transcripts_at, event, self.token_end)
+                token, self.token_end = client_token(context.stream.text, context.transcripts_at, event, self.token_end)
                 self.words.append((token, event.start_s, event.end_s))
         elif isinstance(event, AudioChunk):
             data = context.encoder.encode(event.pcm)

@@ -123,9 +123,10 @@ class PlaybackQueue:
             trim_leading_silence=True,  # the voice's silence before its first sound would only delay the player
             names=FieldNames(voice=request.voice_param),
         )
-        voice = self.engine.validate(speech)
-        speech = replace(speech, voice=voice.id)
+        # Checked now either way; opened now when nothing plays before it, else when its turn comes.
         stream = None if self._pending else self.engine.open_stream(speech)
+        voice = self.engine.validate(speech) if stream is None else stream.voice.info
+        speech = replace(speech, voice=voice.id)
         utterance = QueuedUtterance(request.request_id or f"u{next(_ids)}", speech, voice, stream, reply_to)
         self._pending.append(utterance)
         self._to_pump.append(utterance)
