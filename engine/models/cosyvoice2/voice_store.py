@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from rtvoice.engine.durable import remove_unfinished, write_atomically
 
 from .frontend import PromptFeatures
 
@@ -26,23 +26,6 @@ FORMAT = "rtvoice-cosyvoice2-voice"
 VERSION = 1
 VOICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 """Ids are file names too: letters, digits, '_', '.', '-', at most 64, not starting with a symbol."""
-
-
-TEMP_SUFFIX = ".tmp"
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (POSIX; a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def valid_voice_id(voice_id: str) -> bool:
@@ -88,21 +71,9 @@ class VoiceStore:
         }
         target = self.path(voice.voice_id)
         self.directory.mkdir(parents=True, exist_ok=True)
-        # Written to a temporary file, flushed to the disk, then renamed over the target and the rename itself
-        # flushed: a crash or a full disk leaves either no voice or the whole voice, never part of one.
         data = io.BytesIO()
         torch.save(record, data)  # in memory first, so a failing disk raises OSError (torch.save says RuntimeError)
-        handle, tmp = tempfile.mkstemp(prefix=f".{voice.voice_id}.", suffix=TEMP_SUFFIX, dir=self.directory)
-        try:
-            with os.fdopen(handle, "wb") as f:
-                f.write(data.getbuffer())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        _fsync_directory(self.directory)
+        write_atomically(target, data.getbuffer())
         return target
 
     def load(self, path: Path) -> SavedVoice:
@@ -124,9 +95,7 @@ class VoiceStore:
     def load_all(self) -> list[SavedVoice]:
         if not self.directory.is_dir():
             return []
-        for partial in self.directory.glob(f".*{TEMP_SUFFIX}"):  # left by a save that crashed: never a voice
-            log.warning("removing %s, a voice file a crashed save left unfinished", partial)
-            partial.unlink(missing_ok=True)
+        remove_unfinished(self.directory, "voice")
         voices = []
         for path in sorted(self.directory.glob("*.pt")):
             try:

@@ -1,0 +1,51 @@
+"""Files rtvoice keeps across restarts (registered voices, uploaded lexicons), written so that a crash or a full disk
+leaves the old file or the whole new one, never part of one."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+TEMP_SUFFIX = ".tmp"
+"""What a write in progress is called (with a leading dot): one found at start was left by a crash."""
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename (or a removal) in ``directory`` durable (POSIX; a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomically(target: Path, data: bytes | memoryview) -> None:
+    """Write to a temporary file beside ``target``, flush it to the disk, rename it over ``target`` and flush the
+    rename."""
+    handle, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=TEMP_SUFFIX, dir=target.parent)
+    try:
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_directory(target.parent)
+
+
+def remove_unfinished(directory: Path, what: str) -> None:
+    """Remove the temporary files a crashed write left in ``directory`` (never a whole file)."""
+    for partial in directory.glob(f".*{TEMP_SUFFIX}"):
+        log.warning("removing %s, a %s file a crashed save left unfinished", partial, what)
+        partial.unlink(missing_ok=True)
