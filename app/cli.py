@@ -178,6 +178,7 @@ def say(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             options=SynthesisOptions(speed=args.speed, seed=args.seed),
             sample_rate=args.sample_rate,
             normalize=not args.no_normalize,
+            text_type=args.input_type,
         )
         asyncio.run(say_to_file(request, args.output, fmt))
     except EngineError as error:
@@ -236,6 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-normalize",
         action="store_true",
         help="read the text as written: no spoken forms for numbers, dates, units or abbreviations",
+    )
+    say_parser.add_argument(
+        "--input-type",
+        choices=("auto", "text", "ssml"),
+        default="auto",
+        help="what the text is: SSML when it starts with <speak (auto, the default), or forced either way",
     )
     say_parser.set_defaults(parser=say_parser)
     return parser

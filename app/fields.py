@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from rtvoice.engine.models.base import MAX_SPEED, MIN_SPEED
 
-__all__ = ["MAX_SPEED", "MIN_SPEED", "Normalize", "Speed"]
+__all__ = ["MAX_SPEED", "MIN_SPEED", "InputType", "Lexicons", "Normalize", "Speed"]
 
 Speed = Annotated[float, Field(ge=MIN_SPEED, le=MAX_SPEED)]
 """A speaking rate (2.0 is twice as fast) in the range every voice's transport accepts; a voice may honour fewer
@@ -22,3 +22,22 @@ Normalize = Annotated[
     ),
 ]
 """The per-request switch of the text normaliser (``SynthesisRequest.normalize``)."""
+
+InputType = Annotated[
+    Literal["auto", "text", "ssml"],
+    Field(
+        description="rtvoice extension: what the text is. auto (the default): SSML when it starts with <speak, "
+        'else plain text (which may hold <break time="..."/>); ssml or text force it either way.'
+    ),
+]
+"""``SynthesisRequest.text_type``: every transport that takes text names it ``input_type``."""
+
+Lexicons = Annotated[
+    list[str],
+    Field(
+        max_length=16,
+        description="rtvoice extension: ids of uploaded pronunciation lexicons (POST /v1/lexicons) to read the "
+        "text with, first match winning; the server's own lexicons for the voice's language apply after them.",
+    ),
+]
+"""``SynthesisRequest.lexicons``."""

@@ -15,7 +15,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
-from rtvoice.app import cartesia, cosyvoice_api, cosyvoice_grpc, errors, openai_speech, ops, piper_api, whep
+from rtvoice.app import cartesia, cosyvoice_api, cosyvoice_grpc, errors, lexicons, openai_speech, ops, piper_api, whep
 from rtvoice.app.access import Access, AccessControl, KeyRing, warn_if_open
 from rtvoice.app.drain import Drain, DrainGate
 from rtvoice.app.limits import BodyLimit, OpenSockets, WebSocketLimits
@@ -111,6 +111,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.include_router(websocket_router)
     app.include_router(cartesia.router)
     app.include_router(piper_api.router)
+    app.include_router(lexicons.router)
     install_openapi(app)  # the request bodies' schemas, which the routes above refer to
     # Middleware, innermost first: input limits, then keys and quotas, then the drain gate, CORS (so that a 401
     # or 429 reaches a browser page readably), WHEP's preflight headers, and outermost the request's id, access

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rtvoice.app.fields import Normalize, Speed
+from rtvoice.app.fields import InputType, Lexicons, Normalize, Speed
 from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.openapi import schema_ref
 from rtvoice.app.state import engine_of
@@ -38,6 +38,8 @@ class SpeechRequest(BaseModel):
     stream_format: Literal["audio", "sse"] = "audio"
     seed: int | None = Field(None, description="rtvoice extension: makes the voice's random draws reproducible.")
     normalize: Normalize = True
+    input_type: InputType = "auto"
+    lexicons: Lexicons = Field(default_factory=list)
 
     @field_validator("voice", mode="before")
     @classmethod
@@ -85,6 +87,8 @@ async def create_speech(request: Request) -> Response:
             options=options,
             sample_rate=OPENAI_SAMPLE_RATE,
             normalize=speech.normalize,
+            text_type=speech.input_type,
+            lexicons=tuple(speech.lexicons),
             names=FieldNames(text="input"),
         )
     )

@@ -21,32 +21,43 @@ from starlette.types import Send
 
 from rtvoice.app.errors import engine_error_body
 from rtvoice.app.request_context import track_stream
-from rtvoice.app.words import word_fields
+from rtvoice.app.words import mark_fields, word_fields
 from rtvoice.engine.audio.encoding import Encoder, WavEncoder
 from rtvoice.engine.errors import EngineError
-from rtvoice.engine.stream import AudioChunk, SpeechStream, WordTiming
+from rtvoice.engine.stream import AudioChunk, MarkTiming, SpeechStream, WordTiming
 
 log = logging.getLogger(__name__)
 
 
+IGNORED_HEADER = "X-SSML-Ignored"
+"""What the text's markup asked for that was not done (``SpeechStream.ignored``), ``; ``-separated."""
+
+
 def stream_headers(stream: SpeechStream) -> dict[str, str]:
-    """The headers every speech response carries: the stream's output rate and the voice that speaks."""
-    return {"X-Sample-Rate": str(stream.sample_rate), "X-Voice": stream.voice.info.id}
+    """The headers every speech response carries: the stream's output rate and the voice that speaks; and what of
+    its text's markup was ignored, when anything was (known at once for a whole text)."""
+    headers = {"X-Sample-Rate": str(stream.sample_rate), "X-Voice": stream.voice.info.id}
+    if stream.ignored:
+        # Header values are Latin-1: what cannot be written there is replaced.
+        headers[IGNORED_HEADER] = "; ".join(stream.ignored).encode("latin-1", "replace").decode("latin-1")
+    return headers
 
 
 WORD_EVENT = "speech.word"
 """The SSE extension event for a word's timing: a type outside OpenAI's ``speech.audio.*``."""
+MARK_EVENT = "speech.mark"
+"""The SSE extension event for an SSML ``<mark>`` reached."""
 
 
-async def encoded_events(stream: SpeechStream, encoder: Encoder) -> AsyncIterator[bytes | WordTiming]:
-    """The stream's audio as ``encoder`` writes it (a WAV header first), and its words, each before the audio
-    that holds its start."""
+async def encoded_events(stream: SpeechStream, encoder: Encoder) -> AsyncIterator[bytes | WordTiming | MarkTiming]:
+    """The stream's audio as ``encoder`` writes it (a WAV header first), and its words and marks, each before the
+    audio that holds its start."""
     track_stream(stream)
     try:
         if isinstance(encoder, WavEncoder):
             yield encoder.header()
         async for event in stream.events():
-            if isinstance(event, WordTiming):
+            if isinstance(event, (WordTiming, MarkTiming)):
                 yield event
             elif isinstance(event, AudioChunk):
                 data = encoder.encode(event.pcm)
@@ -75,13 +86,16 @@ async def sse_body(
 ) -> AsyncIterator[bytes]:
     """OpenAI's speech events: ``speech.audio.delta`` with base64 audio, then ``speech.audio.done``; and, as an
     extension OpenAI's clients pass over (they act on the types they know), a ``speech.word`` event for each word
-    before the delta that holds its start (``app/words.py`` has its fields).
+    before the delta that holds its start, and a ``speech.mark`` for each SSML mark (``app/words.py`` has their
+    fields).
 
     A failure sends an ``error`` event (the error body) before the body is cut off."""
     try:
         async for item in encoded_events(stream, encoder):
             if isinstance(item, WordTiming):
                 yield sse_event({"type": WORD_EVENT, **word_fields(item)})
+            elif isinstance(item, MarkTiming):
+                yield sse_event({"type": MARK_EVENT, **mark_fields(item)})
             else:
                 yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(item).decode()})
         yield sse_event({"type": "speech.audio.done", "usage": usage(stream)})

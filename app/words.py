@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rtvoice.engine.words import WordTiming
+from rtvoice.engine.stream import MarkTiming, WordTiming
 
 
 def word_fields(word: WordTiming) -> dict[str, Any]:
@@ -22,6 +22,12 @@ def word_fields(word: WordTiming) -> dict[str, Any]:
         "end_s": round(word.end_s, 4),
         "approximate": word.approximate,
     }
+
+
+def mark_fields(mark: MarkTiming) -> dict[str, Any]:
+    """An SSML ``<mark>`` reached: its ``name``, ``char_start`` (where it stands in the text as sent) and
+    ``start_s`` (where the word after it starts in the audio), as Polly's speech marks and Azure's bookmarks say."""
+    return {"name": mark.name, "char_start": mark.position, "start_s": round(mark.start_s, 4)}
 
 
 def last_heard(words: Sequence[WordTiming], audio_s: float) -> WordTiming | None:

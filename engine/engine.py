@@ -12,19 +12,25 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TypeVar
 
 from rtvoice.engine import cloning
 from rtvoice.engine.audio.resample import SUPPORTED_SAMPLE_RATES
 from rtvoice.engine.core import CallDeadlines, EngineCore
 from rtvoice.engine.errors import InvalidRequest, ModelNotLoaded
+from rtvoice.engine.lexicon import Lexicon
+from rtvoice.engine.lexicon_store import LexiconInfo, LexiconStore, UnknownLexicon
+from rtvoice.engine.markup import MarkupError
 from rtvoice.engine.metrics import Metrics
 from rtvoice.engine.models.base import SynthesisOptions, Voice, VoiceInfo
 from rtvoice.engine.models.cosyvoice2 import info as cosyvoice2
+from rtvoice.engine.plan import Pause, Speech
 from rtvoice.engine.request import Recording, SynthesisRequest, read_recording
 from rtvoice.engine.runner import ModelRunner
 from rtvoice.engine.scheduler import Limits, Scheduler
 from rtvoice.engine.settings import EngineSettings
+from rtvoice.engine.ssml import MarkupRules, invalid_ssml, read_plan
 from rtvoice.engine.stream import SpeechStream, TextLimit
 from rtvoice.engine.text import Segmenter, is_speakable
 from rtvoice.engine.voices import VoiceRegistry
@@ -67,11 +73,14 @@ class Engine:
         )
         self.metrics.calls_running.set_function(lambda: len(self.scheduler.running))
         self.metrics.abandoned_threads.set_function(lambda: self.runner.abandoned_threads)
+        startup = [Path(path.strip()) for path in settings.lexicons.split(",") if path.strip()]
+        self.lexicons = LexiconStore(settings.data_dir / "lexicons", startup)
         self.ready = False
 
     async def start(self) -> None:
         """Load and warm the voices (off the event loop), then start scheduling."""
         loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.lexicons.load)
         if self._voices is None:
             self._voices = await loop.run_in_executor(None, VoiceRegistry.load, self.settings)
         if self.settings.warmup:
@@ -160,6 +169,25 @@ class Engine:
         """Remove a registered voice (Conflict for any other); streams speaking with it finish."""
         await cloning.delete_voice(self.voices, voice_id)
 
+    # -- lexicons ----------------------------------------------------------------------------------
+
+    async def add_lexicon(self, data: bytes, name: str = "", param: str = "file") -> LexiconInfo:
+        """A PLS lexicon uploaded at run time, kept across restarts; requests name it by its id."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, lambda: self.lexicons.add(data, name, param=param))
+
+    def lexicon_infos(self) -> list[LexiconInfo]:
+        return self.lexicons.infos()
+
+    def lexicon_info(self, lexicon_id: str) -> LexiconInfo:
+        """UnknownLexicon when there is none."""
+        return self.lexicons.info(lexicon_id)
+
+    async def delete_lexicon(self, lexicon_id: str) -> None:
+        """Remove an uploaded lexicon (Conflict for a startup one); streams reading with it keep their copy."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.lexicons.delete, lexicon_id)
+
     @property
     def max_recording_bytes(self) -> int:
         """The largest prompt recording a request may bring (a transport reads one byte more to refuse it)."""
@@ -192,7 +220,7 @@ class Engine:
         if request.prompt is not None:
             cloning.cloning_service(self.voices)  # first: nothing else matters where recordings cannot be used
         if request.text is not None:
-            self._check_text(request.text, names.text)
+            self._check_text(request.text, names.text, self._rules(request))
         if request.sample_rate is not None and request.sample_rate not in SUPPORTED_SAMPLE_RATES:
             supported = ", ".join(map(str, SUPPORTED_SAMPLE_RATES))
             raise InvalidRequest(
@@ -208,14 +236,34 @@ class Engine:
             self._check_options(cosyvoice2.validate, request.options, names.speed)
             return None
         voice = self._resolve(request.voice, names.voice, request.unknown_voice_is_default)
+        self._lexicons(request, voice)
         if request.instructions_required:
             self._check_text(request.options.instructions or "", names.instructions)
             self._check_follows_instructions(voice, names.voice)
         self._check_options(voice.validate, request.options, names.speed)
         return voice
 
-    def _check_text(self, text: str, param: str) -> None:
-        """Raise InvalidRequest for text that is empty, unspeakable or too long."""
+    def _rules(self, request: SynthesisRequest, voice: Voice | None = None) -> MarkupRules:
+        """How ``request``'s text is read, by ``voice`` (what any voice may read, without one)."""
+        return MarkupRules(
+            text_type=request.text_type,
+            inline_tags=request.inline_tags,
+            reads_phonemes=voice is not None and voice.info.reads_phonemes,
+            varies_rate=voice is None or voice.info.varies_rate,
+            max_break_s=self.settings.ssml_max_break_s,
+            max_silence_s=self.settings.ssml_max_silence_s,
+        )
+
+    def _lexicons(self, request: SynthesisRequest, voice: Voice) -> tuple[Lexicon, ...]:
+        """The lexicons ``request`` is read with (UnknownLexicon naming its field for an id the server lacks)."""
+        try:
+            return self.lexicons.for_voice(voice.info.language, request.lexicons)
+        except UnknownLexicon as error:
+            raise UnknownLexicon(error.lexicon_id, self.lexicons.ids(), param=request.names.lexicons) from None
+
+    def _check_text(self, text: str, param: str, rules: MarkupRules | None = None) -> None:
+        """Raise InvalidRequest for text that is empty, unspeakable or too long; with ``rules``, read as the
+        request says (SSML that does not read is ``invalid_ssml``; markup alone is nothing to speak)."""
         if not text or not text.strip():
             raise InvalidRequest(f"'{param}' is empty", code="empty_input", param=param)
         if len(text) > self.settings.max_text_chars:
@@ -224,7 +272,17 @@ class Engine:
                 code="input_too_long",
                 param=param,
             )
-        if not is_speakable(text):
+        if rules is not None:
+            try:
+                items, _ = read_plan(text, rules)
+            except MarkupError as error:
+                raise invalid_ssml(error, param) from error
+            speakable = any(
+                isinstance(item, Pause) or (isinstance(item, Speech) and is_speakable(item.text.text)) for item in items
+            )
+        else:
+            speakable = is_speakable(text)
+        if not speakable:
             raise InvalidRequest(
                 f"'{param}' has nothing to speak (no letters or digits)", code="empty_input", param=param
             )
@@ -282,7 +340,13 @@ class Engine:
 
     def _open(self, voice: Voice, request: SynthesisRequest) -> SpeechStream:
         session = self._check_options(voice.open_session, request.options, request.names.speed)
-        segmenter = Segmenter.of(self.settings, voice.info.language, spoken=request.normalize)
+        segmenter = Segmenter.of(
+            self.settings,
+            voice.info.language,
+            spoken=request.normalize,
+            rules=self._rules(request, voice),
+            lexicons=self._lexicons(request, voice),
+        )
         stream = SpeechStream(
             voice,
             session,

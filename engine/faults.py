@@ -95,9 +95,9 @@ class FaultySession(VoiceSession):
     def idle(self) -> bool:
         return self.inner.idle
 
-    def add_segment(self, text: str) -> None:
+    def add_segment(self, text: str, rate: float = 1.0) -> None:
         self.segment_texts.append(text)
-        self.inner.add_segment(text)
+        self.inner.add_segment(text, rate)
 
     def _fault(self, kind: str) -> Fault | None:
         index = self.inner.segments_done

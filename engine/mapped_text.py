@@ -81,6 +81,12 @@ class MappedText:
         parts.append(self[last:])
         return MappedText.join(parts)
 
+    def through(self, outer: MappedText) -> MappedText:
+        """This text, made from ``outer.text``, mapped onto what ``outer`` came from."""
+        if not outer.spans:
+            return MappedText(self.text, ((0, 0),) * len(self.text))
+        return MappedText(self.text, tuple(outer.source(start, end) for start, end in self.spans))
+
     def translate(self, table: dict[int, str]) -> MappedText:
         texts: list[str] = []
         spans: list[Span] = []

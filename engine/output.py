@@ -14,7 +14,7 @@ import numpy as np
 
 from rtvoice.engine.audio.pcm import INT16_MAX, leading_silence, to_int16
 from rtvoice.engine.audio.resample import StreamResampler
-from rtvoice.engine.words import WordTiming
+from rtvoice.engine.words import MarkTiming, Timed
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,8 @@ class AudioOutput:
         where it is only delay); the words' times move with the audio."""
         self.sample_rate = sample_rate
         self._resampler = StreamResampler(voice_rate, sample_rate)
-        self._queue: asyncio.Queue[AudioChunk | SegmentDone | WordTiming | _End] = asyncio.Queue()
-        self._words: deque[WordTiming] = deque()
+        self._queue: asyncio.Queue[AudioChunk | SegmentDone | Timed | _End] = asyncio.Queue()
+        self._words: deque[Timed] = deque()
         """Words whose audio has not gone out yet, in order."""
         self.samples = 0
         """Samples queued so far, at the client's rate."""
@@ -82,9 +82,15 @@ class AudioOutput:
         back a few milliseconds until the next audio or the end)."""
         return self._put(to_int16(self._resampler.process(audio)), segment)
 
-    def words(self, words: list[WordTiming]) -> None:
-        """Words to send before the audio that holds their start."""
+    def words(self, words: list[Timed]) -> None:
+        """Words (and marks) to send before the audio that holds their start."""
         self._words.extend(words)
+
+    def silence(self, audio: np.ndarray, segment: int) -> float:
+        """A pause the text asked for: never trimmed as leading silence (it was asked for), and the voice's own
+        leading silence after it is kept too."""
+        self._trimming = False
+        return self.audio(audio, segment)
 
     def segment_done(self, index: int, text: str) -> None:
         self._queue.put_nowait(SegmentDone(index, text))
@@ -108,10 +114,12 @@ class AudioOutput:
         self.trimmed_samples += silent
         return pcm[silent:]
 
-    def _shifted(self, word: WordTiming) -> WordTiming:
+    def _shifted(self, word: Timed) -> Timed:
         if not self.trimmed_samples:
             return word
         trimmed_s = self.trimmed_samples / self.sample_rate
+        if isinstance(word, MarkTiming):
+            return replace(word, start_s=max(0.0, word.start_s - trimmed_s))
         return replace(word, start_s=max(0.0, word.start_s - trimmed_s), end_s=max(0.0, word.end_s - trimmed_s))
 
     def _put(self, pcm: np.ndarray, segment: int) -> float:
@@ -138,7 +146,7 @@ class AudioOutput:
         """True when the client is this far behind: make no more until it catches up (backpressure)."""
         return self.queued_s > self.max_queued_s
 
-    async def events(self) -> AsyncIterator[AudioChunk | SegmentDone | WordTiming]:
+    async def events(self) -> AsyncIterator[AudioChunk | SegmentDone | Timed]:
         """Chunks, words and segment ends in order, until ``end``."""
         while True:
             item = await self._queue.get()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
 from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.ssml import InlineTags, TextType
 
 PromptMode = Literal["zero_shot", "cross_lingual", "instruct2"]
 
@@ -35,6 +36,8 @@ class FieldNames:
     instructions: str = "instructions"
     prompt_text: str = "prompt_text"
     prompt_audio: str = "prompt_wav"
+    text_type: str = "input_type"
+    lexicons: str = "lexicons"
 
 
 @dataclass(frozen=True)
@@ -69,4 +72,11 @@ class SynthesisRequest:
     normalize: bool = True
     """Read numbers, money, dates, times, units and abbreviations in their spoken form; False reads the text as sent
     (cleaned of control characters and extra blanks only)."""
+    text_type: TextType = "auto"
+    """``auto``: SSML when the text starts with ``<speak``, else plain text; ``ssml`` or ``text`` force it."""
+    inline_tags: InlineTags = "break"
+    """What plain text may hold: ``<break/>`` (ElevenLabs', Cartesia's) everywhere; ``cartesia`` adds Cartesia's
+    ``<speed/>``, ``<volume/>``, ``<spell>`` and ``<emotion/>`` (its routes)."""
+    lexicons: tuple[str, ...] = ()
+    """Uploaded pronunciation lexicons (ids) to read the text with, before the server's own."""
     names: FieldNames = field(default_factory=FieldNames)

@@ -63,6 +63,15 @@ class EngineSettings(BaseSettings):
     max_buffered_audio_s: float = 20.0
     """Audio a stream may produce ahead of what its client has taken."""
 
+    # SSML and pronunciation (engine/ssml.py, engine/lexicon.py)
+    ssml_max_break_s: float = 10.0
+    """Longest silence one ``<break>`` makes (Polly's cap); a longer one is cut to this."""
+    ssml_max_silence_s: float = 60.0
+    """Longest silence all of one request's breaks make together."""
+    lexicons: str = ""
+    """W3C PLS lexicon files read at start, comma-separated; each applies to the voices of its ``xml:lang``
+    (every voice when it has none), after a request's own. Uploaded lexicons live in ``<data_dir>/lexicons``."""
+
     # Streaming
     first_chunk_ms: int = 120
     """Audio in a stream's first chunk: small, so the first bytes leave early."""

@@ -18,15 +18,18 @@ from enum import Enum
 import numpy as np
 
 from rtvoice.engine.errors import InvalidRequest, StreamFailed
+from rtvoice.engine.markup import MarkupError
 from rtvoice.engine.models.base import Step, Voice, VoiceSession
 from rtvoice.engine.output import AudioChunk, AudioOutput, SegmentDone
 from rtvoice.engine.playback import PlaybackClock, Played
-from rtvoice.engine.text import Segment, Segmenter, is_speakable
-from rtvoice.engine.words import WordClock, WordTiming
+from rtvoice.engine.ssml import invalid_ssml
+from rtvoice.engine.text import Planned, Segmenter, Silence, is_speakable
+from rtvoice.engine.words import MarkTiming, Timed, WordClock, WordTiming
 
 __all__ = [
     "AudioChunk",
     "Delivered",
+    "MarkTiming",
     "SegmentDone",
     "SpeechStream",
     "StreamState",
@@ -109,6 +112,12 @@ class SpeechStream:
         self.playback = PlaybackClock(self.created_at)
         self.output = AudioOutput(voice.info.sample_rate, sample_rate, max_buffered_s, wake, trim_leading_silence)
         self.words = WordClock(voice.info.sample_rate)
+        self._gains: list[float] = []
+        """Each segment's gain (SSML's ``prosody volume``)."""
+        self._pauses: dict[int, list[Silence]] = {}
+        """Pauses waiting for the segments before them: by how many segments come before."""
+        self._planned = False
+        """Some speech or pause has been planned."""
 
     # -- input (transports) -------------------------------------------------------------------------
 
@@ -124,31 +133,65 @@ class SpeechStream:
                 param=limit.param,
             )
         self.text += fragment
-        self._add(self._segmenter.push(fragment))
+        self._add(self._read(self._segmenter.push, fragment))
 
     @property
     def speakable(self) -> bool:
-        """Whether the text so far has anything to speak (letters or digits)."""
-        return is_speakable(self.text)
+        """Whether the text so far has anything to speak (letters or digits) or a pause to make."""
+        return self._planned or is_speakable(self.text)
+
+    @property
+    def ignored(self) -> list[str]:
+        """What the text asked for that was not done (an element its voice cannot do, one this server does not
+        know), in order."""
+        return self._segmenter.ignored
 
     def flush(self) -> None:
         self._add(self._segmenter.flush())
 
     def close_input(self) -> None:
-        self.flush()
+        self._add(self._read(lambda _: self._segmenter.close(), ""))
         self.input_closed = True
         self._wake()
 
-    def _add(self, segments: list[Segment]) -> None:
-        if not segments or self.closed:
+    def _read(self, read: Callable[[str], list[Planned]], fragment: str) -> list[Planned]:
+        """The segmenter's reading of more text; markup that does not read ends the stream (nothing more of it is
+        spoken) and is the client's error."""
+        try:
+            return read(fragment)
+        except MarkupError as error:
+            self.cancel()
+            raise invalid_ssml(error, self._text_limit.param if self._text_limit is not None else "text") from error
+
+    def _add(self, planned: list[Planned]) -> None:
+        if not planned or self.closed:
             return
+        self._planned = True
         if self.session.idle:  # nothing being synthesised: a silent listener waits for a first audio again
             self.playback.restart_if_silent(self._now())
-        for segment in segments:
-            self.segments.append(segment.text)
-            self.words.add_segment(segment)
-            self.session.add_segment(segment.text)
+        for item in planned:
+            if isinstance(item, Silence):
+                if self.session.idle and self._segments_done == len(self.segments):
+                    self._pause(item)
+                else:
+                    self._pauses.setdefault(len(self.segments), []).append(item)
+                continue
+            self.segments.append(item.text)
+            self._gains.append(item.prosody.volume)
+            self.words.add_segment(item)
+            self.session.add_segment(item.text, item.prosody.rate)
         self._wake()
+
+    def _pause(self, pause: Silence) -> float:
+        """Silence the text asked for, out now (its segments before it are all out)."""
+        samples = round(pause.seconds * self.voice.info.sample_rate)
+        self.output.words(self.words.pause(samples, pause.marks))
+        if not samples:
+            return 0.0
+        audio_s = self.output.silence(np.zeros(samples, dtype=np.float32), max(0, self._segments_done - 1))
+        if audio_s:
+            self.playback.play(audio_s, self._now())
+        return audio_s
 
     def cancel(self) -> None:
         """Stop now: pending work is dropped and the scheduler frees the stream's slot."""
@@ -159,7 +202,7 @@ class SpeechStream:
 
     # -- output (transports) ------------------------------------------------------------------------
 
-    async def events(self) -> AsyncIterator[AudioChunk | SegmentDone | WordTiming]:
+    async def events(self) -> AsyncIterator[AudioChunk | SegmentDone | Timed]:
         """Audio chunks, words (each just before the chunk that holds its start) and segment ends, in order, until
         the stream ends; raises StreamFailed on failure."""
         async for event in self.output.events():
@@ -213,6 +256,9 @@ class SpeechStream:
         played = None
         audio_s = 0.0
         if audio is not None and len(audio):
+            gain = self._gains[self._segments_done] if self._segments_done < len(self._gains) else 1.0
+            if gain != 1.0:
+                audio = audio * np.float32(gain)
             self.output.words(self.words.audio(len(audio), self.session.segment_length_s()))
             # The listener's clock counts what went out: a resampler holds back a few milliseconds.
             audio_s = self.output.audio(audio, self._segments_done)
@@ -222,6 +268,8 @@ class SpeechStream:
             self.output.words(self.words.segment_done())
             self.output.segment_done(self._segments_done, self.segments[self._segments_done])
             self._segments_done += 1
+            for pause in self._pauses.pop(self._segments_done, []):
+                audio_s += self._pause(pause)
         return Delivered(audio_s, played)
 
     def finish(self) -> None:

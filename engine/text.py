@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rtvoice.engine.lexicon import Lexicon, apply_lexicons
 from rtvoice.engine.mapped_text import MappedText, Span
+from rtvoice.engine.plan import Boundary, Mark, Pause, PlanItem, Prosody, Speech
 from rtvoice.engine.spoken import is_abbreviation, spoken_form
+from rtvoice.engine.ssml import MarkupRules, PlanReader
 
 if TYPE_CHECKING:
     from rtvoice.engine.settings import EngineSettings
@@ -42,6 +46,13 @@ _TRANSLATE = str.maketrans(
 
 _NUMBER_RANGE = re.compile(r"(?<=\d)[^\S\n]?\u2013[^\S\n]?(?=\d)")
 """An en dash between numbers is a range ("10\u201320", "ten to twenty"), not the pause it is elsewhere."""
+
+_DASH = re.compile(r"[^\S\n]*[\u2013\u2014][^\S\n]*")
+"""A dash between words is a pause, with the blanks around it: "R&D \u2014 it" reads "R and D, it"."""
+_COMPARISON = re.compile(r"(?<=\d)[^\S\n]*(?P<sign>[<>]=?)[^\S\n]*(?=[\d\-])")
+_COMPARISON_WORDS = {"<": " less than ", ">": " greater than ", "<=": " at most ", ">=": " at least "}
+_BRACKETED_ADDRESS = re.compile(r"<(?P<address>[^<>\s@]+@[^<>\s@]+\.\w+|https?://[^<>\s]+)>")
+"""An address in angle brackets (a mail header's form): the brackets are not read, the address is."""
 
 _SENTENCE_END = re.compile(r"([.!?]+[\"')\]]*|[\u3002\uff01\uff1f]+)(\s+|$)|\n\s*\n|\n")
 # A clause ends at a mark and a blank, once what follows has come and is no digit: "Jan. 5, 2027" and "1, 000" stay
@@ -91,7 +102,9 @@ def normalize_mapped(text: str, language: str = "en", *, spoken: bool = True) ->
     rewrite = spoken and english_rules(language)
     if rewrite:
         mapped = mapped.sub(_NUMBER_RANGE, "-")
-    mapped = mapped.translate(_TRANSLATE).sub(_CONTROL, " ").sub(_CRLF, "\n")
+        mapped = mapped.sub(_COMPARISON, lambda match: _COMPARISON_WORDS[match.group("sign")])
+        mapped = mapped.sub(_BRACKETED_ADDRESS, lambda match: [(match.group("address"), "address")])
+    mapped = mapped.sub(_DASH, ", ").translate(_TRANSLATE).sub(_CONTROL, " ").sub(_CRLF, "\n")
     mapped = _tidy(mapped)
     if rewrite:
         said = spoken_form(mapped, language)
@@ -131,7 +144,7 @@ class Word:
     """A word of a segment: as the client wrote it, and where a voice reads it."""
 
     text: str
-    """As the client sent it (``$100``)."""
+    """As the client sent it (``$100``); for words that markup made (a ``<sub>``'s alias), the words said."""
     start: int
     """Character offset in all the text the client sent on this stream."""
     end: int
@@ -141,18 +154,61 @@ class Word:
 
 
 @dataclass(frozen=True)
+class SegmentMark:
+    """A ``<mark>`` in a segment: reached where its word starts."""
+
+    name: str
+    position: int
+    """Where it stands in the text as sent."""
+    word: int
+    """The first of the segment's words after it; ``len(words)``: the segment's end."""
+
+
+@dataclass(frozen=True)
 class Segment:
     text: str
     """Normalised: what the voice reads."""
     words: tuple[Word, ...]
+    prosody: Prosody = Prosody()
+    marks: tuple[SegmentMark, ...] = ()
 
 
-def make_segment(raw: str, offset: int, language: str, *, spoken: bool = True) -> Segment:
-    """Normalise ``raw`` (which starts at ``offset`` in the client's text) and find its words.
+@dataclass(frozen=True)
+class Silence:
+    """A pause the text asked for: exact silence, between segments."""
 
-    A word is a blank-separated token of the normalised text without its silent edges, mapped back to the
-    client's text; tokens that one rewrite produced (``$100`` -> ``one hundred dollars``) are one word."""
-    mapped = normalize_mapped(raw, language, spoken=spoken)
+    seconds: float
+    marks: tuple[SegmentMark, ...] = ()
+    """Marks reached where it starts."""
+
+
+Planned = Segment | Silence
+
+
+def make_segment(
+    raw: MappedText | str,
+    offset: int = 0,
+    language: str = "en",
+    *,
+    spoken: bool = True,
+    source: str | None = None,
+    lexicons: Sequence[Lexicon] = (),
+    reads_phonemes: bool = False,
+) -> Segment:
+    """Normalise ``raw`` (text mapped onto what the client sent, ``source``; a string starting at ``offset`` in
+    it) and find its words.
+
+    Lexicon entries replace their words first (so a lexicon says how ``R2-D2`` is read). A word is a
+    blank-separated token of the normalised text without its silent edges, mapped back to the client's text;
+    tokens that one rewrite produced (``$100`` -> ``one hundred dollars``) are one word."""
+    if isinstance(raw, str):
+        source = source if source is not None else " " * offset + raw
+        raw = MappedText.of(raw, offset)
+    if source is None:
+        raise TypeError("make_segment needs the source of a mapped text")
+    if lexicons:
+        raw = apply_lexicons(raw, lexicons, reads_phonemes)[0]
+    mapped = normalize_mapped(raw.text, language, spoken=spoken).through(raw)
     text = mapped.text.replace("\n", " ")
     words: list[Word] = []
     for start, end in spoken_tokens(text):
@@ -163,20 +219,24 @@ def make_segment(raw: str, offset: int, language: str, *, spoken: bool = True) -
         if start == end:
             continue
         source_start, source_end = mapped.source(start, end)
-        if words and source_start < words[-1].end - offset:
+        if words and source_start < words[-1].end:
             last = words.pop()
-            source_start, start = last.start - offset, last.spoken_start
-            source_end = max(source_end, last.end - offset)
-        words.append(Word(raw[source_start:source_end], offset + source_start, offset + source_end, start, end))
+            source_start, start = last.start, last.spoken_start
+            source_end = max(source_end, last.end)
+        written = source[source_start:source_end]
+        # Words markup made (an alias) map to their element: the words said are what a client can show.
+        said = text[start:end] if "<" in written else written
+        words.append(Word(said, source_start, source_end, start, end))
     return Segment(text, tuple(words))
 
 
 class Segmenter:
-    """Turns text, whole or in fragments, into segments for synthesis.
+    """Turns text, whole or in fragments, into segments for synthesis, and the pauses between them.
 
-    ``push`` takes text as it arrives (a few characters at a time from an LLM)
-    and returns the segments that are complete; ``flush`` returns the rest.
-    Each segment's words carry their offsets in all the text pushed so far.
+    ``push`` takes text as it arrives (a few characters at a time from an LLM) and returns the segments that are
+    complete; ``flush`` returns the rest of the text pushed so far, ``close`` the rest at the end of input. Text
+    is read into its plan first (``engine/ssml.py``: SSML, inline breaks), then cut: at sentences, at a pause, a
+    change of prosody or a paragraph. Each segment's words carry their offsets in all the text pushed so far.
     """
 
     def __init__(
@@ -187,6 +247,8 @@ class Segmenter:
         first_clause_chars: int = 0,
         *,
         spoken: bool = True,
+        rules: MarkupRules | None = None,
+        lexicons: Sequence[Lexicon] = (),
     ) -> None:
         self.first_max_chars = first_max_chars
         self.max_chars = max_chars
@@ -195,13 +257,29 @@ class Segmenter:
         self.language = language
         self.spoken = spoken
         """Segments are normalised into their spoken form (``SynthesisRequest.normalize``)."""
-        self.buffer = ""
-        self.offset = 0
-        """Where ``buffer`` starts in all the text pushed."""
+        self.rules = rules or MarkupRules()
+        self.lexicons = tuple(lexicons)
+        self.reader = PlanReader(self.rules)
+        self.source = ""
+        """All the text pushed."""
+        self.buffer = MappedText.of("")
+        """Speech read and not yet cut into segments."""
+        self.prosody = Prosody()
+        """The buffer's prosody."""
+        self.marks: list[Mark] = []
+        """Marks read whose segment is not cut yet."""
         self.emitted = 0
 
     @classmethod
-    def of(cls, settings: EngineSettings, language: str = "en", *, spoken: bool = True) -> Segmenter:
+    def of(
+        cls,
+        settings: EngineSettings,
+        language: str = "en",
+        *,
+        spoken: bool = True,
+        rules: MarkupRules | None = None,
+        lexicons: Sequence[Lexicon] = (),
+    ) -> Segmenter:
         """The segmenter a stream of ``language`` gets under ``settings``."""
         return cls(
             settings.first_segment_max_chars,
@@ -209,53 +287,114 @@ class Segmenter:
             language,
             settings.first_segment_clause_chars,
             spoken=spoken,
+            rules=rules,
+            lexicons=lexicons,
         )
 
     @property
     def limit(self) -> int:
         return self.first_max_chars if self.emitted == 0 else self.max_chars
 
-    def push(self, fragment: str) -> list[Segment]:
-        self.buffer += fragment
-        return self._drain(final=False)
+    @property
+    def ignored(self) -> list[str]:
+        """What the text asked for that was not done (``PlanReader.ignored``)."""
+        return self.reader.ignored
 
-    def flush(self) -> list[Segment]:
-        return self._drain(final=True)
+    def push(self, fragment: str) -> list[Planned]:
+        """Segments and pauses complete with ``fragment``; MarkupError for SSML that does not read."""
+        self.source += fragment
+        return self._plan(self.reader.feed(fragment), final=False)
 
-    def _drain(self, final: bool) -> list[Segment]:
-        segments: list[Segment] = []
+    def flush(self) -> list[Planned]:
+        """The text pushed so far, cut as if it were complete (SSML elements still open stay open)."""
+        return self._plan([], final=True)
+
+    def close(self) -> list[Planned]:
+        """The rest at the end of input; MarkupError for SSML left unfinished."""
+        planned = self._plan(self.reader.close(), final=True)
+        if self.marks:  # marks after the last word: reached where the audio ends
+            planned.append(Silence(0.0, tuple(SegmentMark(m.name, m.position, 0) for m in self.marks)))
+            self.marks = []
+        return planned
+
+    def _plan(self, items: list[PlanItem], final: bool) -> list[Planned]:
+        planned: list[Planned] = []
+        for item in items:
+            if isinstance(item, Speech):
+                if item.prosody != self.prosody:
+                    planned += self._drain(final=True)
+                    self.prosody = item.prosody
+                self.buffer = MappedText.join([self.buffer, item.text])
+            elif isinstance(item, Mark):
+                self.marks.append(item)
+            elif isinstance(item, Pause):
+                planned += self._drain(final=True)
+                marks = tuple(SegmentMark(m.name, m.position, 0) for m in self.marks)
+                self.marks = []
+                if planned and isinstance(planned[-1], Silence) and not marks:  # breaks in a row add up
+                    planned[-1] = Silence(planned[-1].seconds + item.seconds, planned[-1].marks)
+                else:
+                    planned.append(Silence(item.seconds, marks))
+            elif isinstance(item, Boundary):
+                planned += self._drain(final=True)
+        return planned + self._drain(final)
+
+    def _drain(self, final: bool) -> list[Planned]:
+        segments: list[Planned] = []
         while True:
+            text = self.buffer.text
             end = self._sentence_end(final)
             clause = self._first_clause_end() if self.emitted == 0 else None
             if clause is not None and (end is None or clause < end):
                 cut = clause
             elif end is not None and end <= self.limit:
                 cut = end
-            elif len(self.buffer) > self.limit:
-                cut = _split_point(self.buffer, self.limit)
-            elif end is not None or (final and self.buffer.strip()):
-                cut = len(self.buffer)
+            elif len(text) > self.limit:
+                cut = _split_point(text, self.limit)
+            elif end is not None or (final and text.strip()):
+                cut = len(text)
             else:
+                if final and not text.strip():
+                    self.buffer = MappedText.of("")
                 return segments
-            head, offset = self.buffer[:cut], self.offset
-            self._consume(cut)
-            self._consume(len(self.buffer) - len(self.buffer.lstrip()))
-            segment = make_segment(head, offset, self.language, spoken=self.spoken)
+            head = self.buffer[:cut]
+            self.buffer = self.buffer[cut:]
+            self.buffer = self.buffer[len(self.buffer.text) - len(self.buffer.text.lstrip()) :]
+            segment = self._segment(head)
             if self._is_speakable(segment.text):
                 segments.append(segment)
                 self.emitted += 1
 
-    def _consume(self, chars: int) -> None:
-        self.buffer = self.buffer[chars:]
-        self.offset += chars
+    def _segment(self, head: MappedText) -> Segment:
+        segment = make_segment(
+            head,
+            language=self.language,
+            spoken=self.spoken,
+            source=self.source,
+            lexicons=self.lexicons,
+            reads_phonemes=self.rules.reads_phonemes,
+        )
+        head_end = max((end for _, end in head.spans), default=0)
+        marks = [mark for mark in self.marks if mark.position < head_end]
+        self.marks = self.marks[len(marks) :]
+        placed = tuple(
+            SegmentMark(
+                mark.name,
+                mark.position,
+                next((i for i, word in enumerate(segment.words) if word.start >= mark.position), len(segment.words)),
+            )
+            for mark in marks
+        )
+        return Segment(segment.text, segment.words, self.prosody, placed)
 
     def _sentence_end(self, final: bool) -> int | None:
         """End of the first complete sentence in the buffer, if one is known to be complete."""
-        for match in _SENTENCE_END.finditer(self.buffer):
+        text = self.buffer.text
+        for match in _SENTENCE_END.finditer(text):
             if match.group(1) and match.group(1).startswith(".") and self._ends_with_abbreviation(match.start()):
                 continue
             # A terminator at the very end of a fragment may still grow ("3." -> "3.5"); wait for what follows.
-            if match.end() < len(self.buffer) or final or self.buffer[match.end() - 1].isspace():
+            if match.end() < len(text) or final or text[match.end() - 1].isspace():
                 return match.end()
             return None
         return None
@@ -265,7 +404,7 @@ class Segmenter:
         limit, once the blank after its mark has arrived (a comma at a fragment's end may still be "1,000")."""
         if self.first_clause_chars <= 0:
             return None
-        for match in _CLAUSE_END.finditer(self.buffer):
+        for match in _CLAUSE_END.finditer(self.buffer.text):
             if match.end() > self.first_max_chars:
                 return None
             if match.end() >= self.first_clause_chars and match.group(1):
@@ -275,7 +414,7 @@ class Segmenter:
     def _ends_with_abbreviation(self, dot: int) -> bool:
         if not english_rules(self.language):
             return False
-        word = re.search(r"([A-Za-z][A-Za-z.]*)$", self.buffer[:dot])
+        word = re.search(r"([A-Za-z][A-Za-z.]*)$", self.buffer.text[:dot])
         if word is None:
             return False
         token = word.group(1)
@@ -293,7 +432,7 @@ def segment(
 ) -> list[str]:
     """The texts of all segments of a whole text."""
     segmenter = Segmenter(first_max_chars, max_chars, language, first_clause_chars)
-    return [piece.text for piece in segmenter.push(text) + segmenter.flush()]
+    return [piece.text for piece in segmenter.push(text) + segmenter.close() if isinstance(piece, Segment)]
 
 
 def is_speakable(text: str) -> bool:

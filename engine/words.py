@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rtvoice.engine.models.base import SegmentTimings, SpokenTiming
-from rtvoice.engine.text import Segment, Word
+from rtvoice.engine.text import Segment, SegmentMark, Word
 
 TYPICAL_SECONDS_PER_UNIT = 1 / 15
 """A reading rate of about 15 Latin characters a second: the first estimate of a segment's length, before the
@@ -43,6 +43,25 @@ class WordTiming:
     end_s: float
     approximate: bool
     """True for an estimate (a voice that does not know its timing)."""
+
+
+@dataclass(frozen=True)
+class MarkTiming:
+    """A ``<mark>`` reached: where it stands in the text and when, in the same time base as words."""
+
+    name: str
+    position: int
+    """Character offset of the mark in all the text the client sent on the stream."""
+    start_s: float
+    """Where the first word after it starts in the stream's output audio (the end of the audio before it when no
+    word follows)."""
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s
+
+
+Timed = WordTiming | MarkTiming
 
 
 def _units(char: str) -> float:
@@ -67,6 +86,8 @@ class _SegmentWords:
     fractions: list[tuple[float, float]] = field(default_factory=list)
     """For estimates: each word's start and end as a share of the segment's length."""
     last_start_s: float = 0.0
+    marks_out: int = 0
+    """Marks handed out so far (in order: each before the word it stands before)."""
 
 
 class WordClock:
@@ -88,14 +109,14 @@ class WordClock:
             entry.start_sample = self._samples
         self._segments.append(entry)
 
-    def timings(self, timings: Sequence[SegmentTimings]) -> list[WordTiming]:
+    def timings(self, timings: Sequence[SegmentTimings]) -> list[Timed]:
         """The voice's exact timings; returns the words that can be placed now."""
         for timing in timings:
             if timing.segment < len(self._segments) and not self._segments[timing.segment].estimated:
                 self._segments[timing.segment].tokens = timing.tokens
         return self._exact_ready()
 
-    def audio(self, samples: int, length_s: float | None) -> list[WordTiming]:
+    def audio(self, samples: int, length_s: float | None) -> list[Timed]:
         """The current segment made ``samples`` more (voice rate); ``length_s`` is its whole length when the voice
         knows it. Returns the words to hand out before that audio."""
         words = self._exact_ready()
@@ -110,9 +131,10 @@ class WordClock:
         self._samples += samples
         return words
 
-    def segment_done(self) -> list[WordTiming]:
-        """The current segment's audio is complete: the rest of its words, and the next segment's start."""
-        words: list[WordTiming] = []
+    def segment_done(self) -> list[Timed]:
+        """The current segment's audio is complete: the rest of its words and marks, and the next segment's
+        start."""
+        words: list[Timed] = []
         if self._current < len(self._segments):
             entry = self._segments[self._current]
             if entry.tokens is None:  # no timings (and maybe no audio): estimate over what was made
@@ -121,22 +143,49 @@ class WordClock:
                 words += self._estimates(entry, length_s, float("inf"))
                 self._estimated_s += length_s
                 self._estimated_units += sum(_units(c) for c in entry.segment.text)
+            if entry.start_sample is not None:
+                end_s = (entry.start_sample + entry.samples) / self.voice_rate
+                words += self._marks(entry, len(entry.segment.words), end_s)
             self._current += 1
             if self._current < len(self._segments):
                 self._segments[self._current].start_sample = self._samples
         return words + self._exact_ready()
 
+    def pause(self, samples: int, marks: Sequence[SegmentMark]) -> list[Timed]:
+        """A pause of ``samples`` (voice rate) between segments; returns its marks, reached where it starts."""
+        at_s = self._samples / self.voice_rate
+        self._samples += samples
+        if self._current < len(self._segments):
+            entry = self._segments[self._current]
+            if entry.start_sample is not None and entry.samples == 0:
+                entry.start_sample = self._samples
+        return [MarkTiming(mark.name, mark.position, at_s) for mark in marks]
+
+    def _marks(self, entry: _SegmentWords, before_word: int, at_s: float) -> list[Timed]:
+        """The segment's marks that stand before word ``before_word`` (all left, for the segment's end), at
+        ``at_s``."""
+        marks = entry.segment.marks
+        out: list[Timed] = []
+        while entry.marks_out < len(marks) and marks[entry.marks_out].word <= before_word:
+            mark = marks[entry.marks_out]
+            out.append(MarkTiming(mark.name, mark.position, at_s))
+            entry.marks_out += 1
+        return out
+
     # -- exact ----------------------------------------------------------------------------------------
 
-    def _exact_ready(self) -> list[WordTiming]:
-        words: list[WordTiming] = []
+    def _exact_ready(self) -> list[Timed]:
+        words: list[Timed] = []
         for entry in self._segments[self._current :]:
             if entry.start_sample is None:
                 break
             if entry.tokens is None or entry.handed_out:
                 continue
             offset = entry.start_sample / self.voice_rate
-            words += [self._place(word, entry, offset) for word in entry.segment.words]
+            for index, word in enumerate(entry.segment.words):
+                placed = self._place(word, entry, offset)
+                words += self._marks(entry, index, placed.start_s)
+                words.append(placed)
             entry.handed_out = len(entry.segment.words)
         return words
 
@@ -156,14 +205,14 @@ class WordClock:
         rate = self._estimated_s / self._estimated_units if self._estimated_units else TYPICAL_SECONDS_PER_UNIT
         return units * rate
 
-    def _estimates(self, entry: _SegmentWords, length_s: float, made_s: float) -> list[WordTiming]:
+    def _estimates(self, entry: _SegmentWords, length_s: float, made_s: float) -> list[Timed]:
         """Hand out, final, the estimated words that start before ``made_s`` of the segment's audio."""
         if entry.start_sample is None:
             return []
         if not entry.fractions:
             entry.fractions = _fractions(entry.segment)
         offset = entry.start_sample / self.voice_rate
-        words: list[WordTiming] = []
+        words: list[Timed] = []
         while entry.handed_out < len(entry.segment.words):
             share_start, share_end = entry.fractions[entry.handed_out]
             start_s = max(share_start * length_s, entry.last_start_s)
@@ -171,6 +220,7 @@ class WordClock:
                 break
             end_s = max(share_end * length_s, start_s)
             word = entry.segment.words[entry.handed_out]
+            words += self._marks(entry, entry.handed_out, offset + start_s)
             words.append(WordTiming(word.text, word.start, word.end, offset + start_s, offset + end_s, True))
             entry.last_start_s = start_s
             entry.handed_out += 1

@@ -45,6 +45,19 @@ SENTENCES: list[tuple[str, str]] = [
 ]
 
 
+def transcribe(pcm: np.ndarray) -> list[str]:
+    """The words PocketSphinx's US English model hears in 16 kHz int16 ``pcm`` (a free recogniser: what it hears
+    is evidence, its misses are not)."""
+    from pocketsphinx import Decoder
+
+    decoder = Decoder(samprate=ALIGNER_RATE, loglevel="ERROR")
+    decoder.start_utt()
+    decoder.process_raw(pcm.astype("<i2").tobytes(), full_utt=True)
+    decoder.end_utt()
+    hypothesis = decoder.hyp()
+    return [] if hypothesis is None else str(hypothesis.hypstr).split()
+
+
 def forced_alignment(pcm: np.ndarray, groups: Sequence[str]) -> list[float]:
     """Start (seconds) of each group of spoken words in 16 kHz int16 ``pcm``, by PocketSphinx's forced alignment."""
     from pocketsphinx import Decoder

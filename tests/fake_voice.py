@@ -172,7 +172,7 @@ class FakeSession(VoiceSession):
     def idle(self) -> bool:
         return self.progress is None and not self.pending
 
-    def add_segment(self, text: str) -> None:
+    def add_segment(self, text: str, rate: float = 1.0) -> None:
         self.pending.append(text)
 
     def next_step(self) -> Step[FakePayload] | None:

@@ -93,7 +93,7 @@ def test_sentence_waits_for_what_follows_its_terminator() -> None:
 
 
 def test_normalize_and_speakable() -> None:
-    assert normalize("\u201cHi\u201d \u2014 there\x07  now") == '"Hi" , there now'
+    assert normalize("\u201cHi\u201d \u2014 there\x07  now") == '"Hi", there now'
     assert not is_speakable(" ...!? ")
     assert is_speakable("42")
 

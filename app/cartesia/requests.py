@@ -97,6 +97,7 @@ def synthesis_request(request: SpeechRequest, text: str | None) -> SynthesisRequ
         sample_rate=request.output_format.sample_rate,
         unknown_voice_is_default=bool(voice and CARTESIA_VOICE_ID.match(voice)),
         normalize=request.normalize,
+        inline_tags="cartesia",  # Pipecat's Cartesia service puts Cartesia's tags into plain transcripts
         names=NAMES,
     )
 

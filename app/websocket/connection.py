@@ -8,6 +8,8 @@ the audio; a disconnect drops every utterance, which cancels their streams at on
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -83,6 +85,8 @@ class Connection:
             options=SynthesisOptions(speed=start.speed, seed=start.seed),
             normalize=start.normalize,
             sample_rate=start.sample_rate,
+            text_type=start.input_type,
+            lexicons=tuple(start.lexicons),
         )
         voice = self.engine.validate(config)
         self.config = replace(config, voice=voice.id)
@@ -97,8 +101,22 @@ class Connection:
         if not fragment:
             return
         utterance = self.utterances.open or self._open_utterance()
-        utterance.stream.push_text(fragment)  # input_too_long past the limit: this fragment is dropped
+        # input_too_long past the limit: this fragment is dropped; SSML that does not read: the utterance too.
+        with self._unreadable_drops(utterance):
+            utterance.stream.push_text(fragment)
         utterance.mark_text()
+
+    @contextmanager
+    def _unreadable_drops(self, utterance: Utterance) -> Iterator[None]:
+        """An utterance whose markup does not read is dropped (nothing more of it is spoken) and the error goes to
+        the client; the connection lives on for the next."""
+        try:
+            yield
+        except InvalidRequest as error:
+            if error.code == "invalid_ssml":
+                self.utterances.lost(utterance)
+                self.utterances.drop(utterance)
+            raise
 
     def _open_utterance(self) -> Utterance:
         assert self.config is not None
@@ -117,7 +135,8 @@ class Connection:
             raise InvalidRequest(
                 "nothing to speak: send text with letters or digits before 'flush'", code="empty_input"
             )
-        self.utterances.close_input(utterance)
+        with self._unreadable_drops(utterance):
+            self.utterances.close_input(utterance)
 
     async def _on_cancel(self) -> None:
         stopped = self.utterances.live()
@@ -141,12 +160,15 @@ class Connection:
         self._check_open_for_input()
         self.ending = True
         utterance = self.utterances.open
-        if utterance is not None:
-            if utterance.stream.speakable:
-                self.utterances.close_input(utterance)
-            else:
-                self.utterances.drop(utterance)
-        self.utterances.end()
+        try:
+            if utterance is not None:
+                if utterance.stream.speakable:
+                    with self._unreadable_drops(utterance):
+                        self.utterances.close_input(utterance)
+                else:
+                    self.utterances.drop(utterance)
+        finally:  # the session ends even when its last utterance does not read
+            self.utterances.end()
 
     # -- the server's handle (``io.serve_session``) -----------------------------------------------------
 

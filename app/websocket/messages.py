@@ -12,10 +12,10 @@ from typing import Any, ClassVar, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from rtvoice.app.errors import error_fields, invalid_value
-from rtvoice.app.fields import Normalize, Speed
-from rtvoice.app.words import delivered, word_fields
+from rtvoice.app.fields import InputType, Lexicons, Normalize, Speed
+from rtvoice.app.words import delivered, mark_fields, word_fields
 from rtvoice.engine.errors import EngineError, InvalidRequest
-from rtvoice.engine.words import WordTiming
+from rtvoice.engine.stream import MarkTiming, WordTiming
 
 MessageType = Literal["start", "text", "flush", "cancel", "end"]
 MESSAGE_TYPES: tuple[str, ...] = get_args(MessageType)
@@ -58,6 +58,8 @@ class StartMessage(ClientMessage):
     speed: Speed = 1.0
     seed: int | None = Field(None, description="Makes each utterance's random draws reproducible.")
     normalize: Normalize = True
+    input_type: InputType = "auto"
+    lexicons: Lexicons = Field(default_factory=list)
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> StartMessage:
@@ -142,6 +144,21 @@ class WordEvent(ServerEvent):
         return cls(utterance=utterance, **word_fields(word))
 
 
+class MarkEvent(ServerEvent):
+    """An SSML ``<mark>`` reached: sent just before the binary frame that holds its position (fields:
+    ``app/words.py``)."""
+
+    type: Literal["mark"] = "mark"
+    utterance: int
+    name: str
+    char_start: int
+    start_s: float
+
+    @classmethod
+    def of(cls, mark: MarkTiming, utterance: int) -> MarkEvent:
+        return cls(utterance=utterance, **mark_fields(mark))
+
+
 class SegmentDoneEvent(ServerEvent):
     type: Literal["segment_done"] = "segment_done"
     utterance: int
@@ -155,7 +172,7 @@ class SessionTotals(BaseModel):
 
 
 class DoneEvent(ServerEvent):
-    OMITTED_WHEN_NONE = frozenset({"compute_s", "late_chunks", "session"})
+    OMITTED_WHEN_NONE = frozenset({"compute_s", "late_chunks", "session", "ignored"})
 
     type: Literal["done"] = "done"
     utterance: int | None
@@ -169,6 +186,8 @@ class DoneEvent(ServerEvent):
     late_chunks: int | None = None
     session: SessionTotals | None = None
     """On the final one only."""
+    ignored: list[str] | None = None
+    """What the utterance's markup asked for that was not done (an element its voice cannot do); when anything."""
 
 
 class Delivered(BaseModel):

@@ -20,6 +20,7 @@ from rtvoice.app.websocket.messages import (
     AudioStartEvent,
     DoneEvent,
     ErrorEvent,
+    MarkEvent,
     SegmentDoneEvent,
     ServerEvent,
     SessionTotals,
@@ -27,7 +28,7 @@ from rtvoice.app.websocket.messages import (
 )
 from rtvoice.app.websocket.utterances import EndOfSession, Utterance, Utterances
 from rtvoice.engine.errors import EngineError
-from rtvoice.engine.stream import AudioChunk, SegmentDone, StreamState, WordTiming
+from rtvoice.engine.stream import AudioChunk, MarkTiming, SegmentDone, StreamState, WordTiming
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,8 @@ class Sender:
                 elif isinstance(event, WordTiming):
                     await self.send_event(WordEvent.of(event, utterance.index))
                     utterance.words.append(event)
+                elif isinstance(event, MarkTiming):
+                    await self.send_event(MarkEvent.of(event, utterance.index))
                 elif isinstance(event, SegmentDone):
                     await self.send_event(
                         SegmentDoneEvent(utterance=utterance.index, index=event.index, text=event.text)
@@ -147,6 +150,7 @@ class Sender:
                 ttfa_ms=None if utterance.ttfa_s is None else round(utterance.ttfa_s * 1000, 1),
                 compute_s=round(stats.compute_s, 4),
                 late_chunks=stats.late_chunks,
+                ignored=list(utterance.stream.ignored) or None,
             )
         else:
             done = DoneEvent(utterance=None, final=final, audio_s=0.0, segments=0, text_chars=0, ttfa_ms=None)

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rtvoice.app.errors import invalid_value
-from rtvoice.app.fields import Normalize, Speed
+from rtvoice.app.fields import InputType, Lexicons, Normalize, Speed
 from rtvoice.engine.errors import InvalidRequest
 
 
@@ -38,6 +38,8 @@ class SpeakRequest(BaseModel):
     )
     speed: Speed = 1.0
     normalize: Normalize = True
+    input_type: InputType = "auto"
+    lexicons: Lexicons = Field(default_factory=list)
 
     voice_param: str = Field("voice", exclude=True)
     """Which field named the voice (``speaker_id`` or ``voice``), for error messages."""

@@ -27,13 +27,13 @@ from dataclasses import dataclass, field, replace
 from rtvoice.app.errors import HttpError, error_fields
 from rtvoice.app.whep.mediastreams import FRAME_S, FRAME_SAMPLES, SAMPLE_RATE, SpeechTrack
 from rtvoice.app.whep.messages import SpeakRequest, event
-from rtvoice.app.words import delivered, word_fields
+from rtvoice.app.words import delivered, mark_fields, word_fields
 from rtvoice.engine.audio.framing import FrameBuffer
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, StreamFailed
 from rtvoice.engine.models.base import SynthesisOptions, VoiceInfo
 from rtvoice.engine.request import FieldNames, SynthesisRequest
-from rtvoice.engine.stream import AudioChunk, SpeechStream, WordTiming
+from rtvoice.engine.stream import AudioChunk, MarkTiming, SpeechStream, WordTiming
 
 MAX_QUEUED_AUDIO_S = 2.0
 """Speech the queue puts on the track ahead of playback; the engine's own backpressure does the rest."""
@@ -119,6 +119,8 @@ class PlaybackQueue:
             voice=self.voice.id if request.voice is None else request.voice,
             options=SynthesisOptions(speed=request.speed),
             normalize=request.normalize,
+            text_type=request.input_type,
+            lexicons=tuple(request.lexicons),
             sample_rate=SAMPLE_RATE,
             trim_leading_silence=True,  # the voice's silence before its first sound would only delay the player
             names=FieldNames(voice=request.voice_param),
@@ -193,10 +195,10 @@ class PlaybackQueue:
                 return
         framer = FrameBuffer(FRAME_SAMPLES)
         started = False
-        words: deque[WordTiming] = deque()  # words whose start's frame is not on the track yet
+        words: deque[WordTiming | MarkTiming] = deque()  # words and marks whose frame is not on the track yet
         try:
             async for event in utterance.stream.events():
-                if isinstance(event, WordTiming):
+                if isinstance(event, (WordTiming, MarkTiming)):
                     words.append(event)
                 if not isinstance(event, AudioChunk):
                     continue
@@ -225,15 +227,22 @@ class PlaybackQueue:
             self.track.expecting = False
         self.track.mark(functools.partial(self._on_last_frame, utterance))
 
-    def _mark_words(self, utterance: QueuedUtterance, words: deque[WordTiming], before_frame: int | None) -> None:
-        """Marks for the words that start in the frame about to be queued (all of them when None)."""
+    def _mark_words(
+        self, utterance: QueuedUtterance, words: deque[WordTiming | MarkTiming], before_frame: int | None
+    ) -> None:
+        """Track marks for the words (and SSML marks) that start in the frame about to be queued (all of them when
+        None)."""
         while words and (before_frame is None or int(words[0].start_s / FRAME_S) <= before_frame):
             self.track.mark(functools.partial(self._on_word, utterance, words.popleft()))
 
-    def _on_word(self, utterance: QueuedUtterance, word: WordTiming) -> None:
-        if utterance.state in ("queued", "speaking"):
-            utterance.words_played.append(word)
-            self._send(utterance, "word", **word_fields(word))
+    def _on_word(self, utterance: QueuedUtterance, word: WordTiming | MarkTiming) -> None:
+        if utterance.state not in ("queued", "speaking"):
+            return
+        if isinstance(word, MarkTiming):
+            self._send(utterance, "mark", **mark_fields(word))
+            return
+        utterance.words_played.append(word)
+        self._send(utterance, "word", **word_fields(word))
 
     def _on_first_frame(self, utterance: QueuedUtterance) -> None:
         if utterance.state != "queued":

@@ -42,6 +42,10 @@ class VoiceInfo:
     """Whether it speaks text of any language in its own voice (CosyVoice2)."""
     can_clone: bool = False
     """Whether its model makes new voices from a prompt recording (CosyVoice2 with its prompt front end)."""
+    varies_rate: bool = True
+    """Whether a segment can be spoken at its own rate (``VoiceSession.add_segment``'s ``rate``)."""
+    reads_phonemes: bool = False
+    """Whether its text may hold IPA phonemes in Piper's ``[[ ]]`` syntax (SSML's ``phoneme``, lexicons)."""
 
     def speed_for_length_scale(self, length_scale: float) -> float:
         """The speed at which this voice speaks with phoneme length ``length_scale``; a voice without a native
@@ -181,8 +185,10 @@ class VoiceSession(ABC):
     """Segments whose audio is complete (empty ones included)."""
 
     @abstractmethod
-    def add_segment(self, text: str) -> None:
-        """Queue a text segment for synthesis."""
+    def add_segment(self, text: str, rate: float = 1.0) -> None:
+        """Queue a text segment for synthesis; ``rate`` multiplies the session's speed for it (SSML's ``prosody
+        rate``), the product kept within ``MIN_SPEED``..``MAX_SPEED``; a voice that speaks at one rate ignores it
+        (``VoiceInfo.varies_rate``)."""
 
     @abstractmethod
     def next_step(self) -> Step | None:

@@ -210,6 +210,7 @@ class CosyVoice2Service:
             follows_instructions=True,
             cross_lingual=True,
             can_clone=self.frontend.can_clone,
+            varies_rate=False,
         )
         return CosyVoice2Voice(
             self.runner, info, features.to(self.device), mode=mode, instructions=instructions, source=source

@@ -172,7 +172,7 @@ class CosyVoice2Session(VoiceSession):
     def idle(self) -> bool:
         return self.current is None and not self.pending
 
-    def add_segment(self, text: str) -> None:
+    def add_segment(self, text: str, rate: float = 1.0) -> None:
         text = normalize_segment(text)
         self.pending.append(_Segment(text=text, text_ids=self.runner.frontend.text_ids(text)))
 

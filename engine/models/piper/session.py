@@ -16,7 +16,16 @@ import numpy as np
 from piper.config import PiperConfig
 
 from rtvoice.engine.audio.pcm import hamming_crossfade
-from rtvoice.engine.models.base import SegmentTimings, Step, StepBudget, SynthesisOptions, VoiceInfo, VoiceSession
+from rtvoice.engine.models.base import (
+    MAX_SPEED,
+    MIN_SPEED,
+    SegmentTimings,
+    Step,
+    StepBudget,
+    SynthesisOptions,
+    VoiceInfo,
+    VoiceSession,
+)
 from rtvoice.engine.models.piper.graph import PiperGraphs
 from rtvoice.engine.models.piper.plan import DecodeChunk, Geometry, Planner, Progress
 from rtvoice.engine.models.piper.steps import DecodeJob, EncodedSegment, EncodeJob, FlowJob, PiperStep
@@ -40,6 +49,7 @@ class _Segment:
     """A segment of the stream: its text, then its flow inputs, its latent, and how far flow and decoder have got."""
 
     text: str
+    length_scale: float
     frames: int = -1
     frame_inputs: dict[str, np.ndarray] = field(default_factory=dict)
     latent: np.ndarray | None = None
@@ -59,7 +69,7 @@ class PiperSession(VoiceSession):
     def __init__(self, voice: SessionVoice, options: SynthesisOptions) -> None:
         self.voice = voice
         self.rng = np.random.default_rng(options.seed)
-        self.length_scale = voice.config.length_scale / options.speed
+        self.speed = options.speed
         self.pending: deque[_Segment] = deque()
         self.current: _Segment | None = None
         self.owes_audio = False
@@ -75,10 +85,11 @@ class PiperSession(VoiceSession):
         timings, self.timings = self.timings, []
         return timings
 
-    def add_segment(self, text: str) -> None:
+    def add_segment(self, text: str, rate: float = 1.0) -> None:
         if self.idle:
             self.owes_audio = True
-        self.pending.append(_Segment(text=text))
+        speed = min(MAX_SPEED, max(MIN_SPEED, self.speed * rate))
+        self.pending.append(_Segment(text=text, length_scale=self.voice.config.length_scale / speed))
 
     def next_step(self) -> PiperStep | None:
         """The plan without a scheduler's budget: a small first chunk, then windows and chunks at their caps."""
@@ -97,14 +108,14 @@ class PiperSession(VoiceSession):
             job = EncodeJob(
                 text=self.pending[0].text,
                 rng=self.rng,
-                length_scale=self.length_scale,
+                length_scale=self.pending[0].length_scale,
                 noise_scale=v.config.noise_scale,
                 noise_w=v.config.noise_w_scale,
             )
             # Batch keys carry a size bucket: padding a short step to a long one's length would slow the short one.
             size_bucket = len(job.text) // 64
             return Step(
-                (job.kind, v.info.id, self.length_scale, size_bucket),
+                (job.kind, v.info.id, job.length_scale, size_bucket),
                 job,
                 self,
                 size=len(job.text),
@@ -147,8 +158,10 @@ class PiperSession(VoiceSession):
         if self.pending:
             if not v.frames_per_char:
                 return None  # not warmed up: no measure of how long its text speaks
-            speed = self.length_scale / v.config.length_scale
-            frames += sum(len(segment.text) for segment in self.pending) * v.frames_per_char * speed
+            frames += sum(
+                len(segment.text) * v.frames_per_char * segment.length_scale / v.config.length_scale
+                for segment in self.pending
+            )
         return frames * frame_s
 
     def complete(self, step: PiperStep, result: Any) -> np.ndarray | None:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime
-from piper.config import PiperConfig
+from piper.config import PhonemeType, PiperConfig
 from piper.voice import PiperVoice as PiperPhonemizer
 
 from rtvoice.engine.models.base import (
@@ -88,6 +88,8 @@ class PiperVoice(Voice):
             model="piper",
             description=f"Piper voice {name} ({config_dict.get('audio', {}).get('quality', 'unknown')} quality)",
             length_scale=float(self.config.length_scale or 1.0),
+            # Piper's phonemiser reads [[ phonemes ]] (IPA) in espeak-ng voices only.
+            reads_phonemes=self.config.phoneme_type == PhonemeType.ESPEAK,
         )
         self.hop = self.config.hop_length
         # piper-tts's own phonemiser (espeak-ng and friends); its ONNX session is ours, not its.

@@ -1,0 +1,356 @@
+"""SSML, inline tags and lexicons through the real server: judged by the audio, the word timings and the marks.
+
+Round trips on OpenAI's route (audio and SSE), rtvoice's WebSocket and Cartesia's WebSocket; lexicons uploaded
+over HTTP; bad and hostile documents refused within a bound, with a stream already speaking undisturbed."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import soxr
+import websockets
+
+from rtvoice.engine.arpabet import arpabet_to_ipa
+from testkit.alignment import ALIGNER_RATE, transcribe
+from tests.audio import rms, same_speech
+from tests.conftest import Server
+
+RATE = 24_000
+"""OpenAI's route speaks at 24 kHz."""
+FRAME_S = 0.01
+QUIET = 100
+"""A 10 ms frame below this RMS (int16) is silence: the voice's speech is hundreds to thousands."""
+MARKUP_WORDS = {"speak", "break", "time", "prosody", "rate", "amazon", "effect", "sub", "alias", "mark", "ssml"}
+
+
+def speech(server: Server, text: str, **fields: Any) -> httpx.Response:
+    body = {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "pcm", "seed": 7, **fields}
+    return httpx.post(f"{server.url}/v1/audio/speech", json=body, timeout=60)
+
+
+def pcm(server: Server, text: str, **fields: Any) -> np.ndarray:
+    response = speech(server, text, **fields)
+    assert response.status_code == 200, response.text
+    return np.frombuffer(response.content, dtype="<i2")
+
+
+def sse(server: Server, text: str, **fields: Any) -> list[dict[str, Any]]:
+    response = speech(server, text, stream_format="sse", **fields)
+    assert response.status_code == 200, response.text
+    return [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
+
+
+def frames_rms(samples: np.ndarray, rate: int = RATE) -> np.ndarray:
+    frame = int(rate * FRAME_S)
+    usable = samples[: len(samples) // frame * frame].astype(np.float64)
+    return np.sqrt(np.mean(usable.reshape(-1, frame) ** 2, axis=1))
+
+
+def longest_silence_s(samples: np.ndarray, rate: int = RATE) -> float:
+    longest = run = 0
+    for quiet in frames_rms(samples, rate) < QUIET:
+        run = run + 1 if quiet else 0
+        longest = max(longest, run)
+    return longest * FRAME_S
+
+
+def speech_s(samples: np.ndarray, rate: int = RATE) -> float:
+    """From the first loud frame to the last: the speech, without the voice's silence at either end."""
+    loud = np.flatnonzero(frames_rms(samples, rate) >= QUIET)
+    return 0.0 if not len(loud) else (loud[-1] - loud[0] + 1) * FRAME_S
+
+
+def heard(samples: np.ndarray, rate: int = RATE) -> list[str]:
+    return transcribe(soxr.resample(samples, rate, ALIGNER_RATE).astype(np.int16))
+
+
+# -- OpenAI's route: audio ----------------------------------------------------------------------------------------
+
+BREAK_DOC = '<speak>The first part is done.<break time="1200ms"/>The second part starts now.</speak>'
+
+
+def test_a_break_is_a_silence_of_its_length_and_no_markup_is_heard(server: Server) -> None:
+    plain = pcm(server, "The first part is done. The second part starts now.")
+    with_break = pcm(server, BREAK_DOC)
+    assert 1.0 <= longest_silence_s(with_break) <= 1.6
+    assert longest_silence_s(plain) < 0.8
+    words = set(heard(with_break))
+    assert not words & MARKUP_WORDS, words
+    assert {"first", "second"} <= words  # the recogniser hears the speech itself
+
+
+def test_a_break_at_the_start_is_kept_and_speed_does_not_shorten_it(server: Server) -> None:
+    audio = pcm(server, '<speak><break time="1s"/>Then the speech.</speak>', speed=2.0)
+    loud = np.flatnonzero(frames_rms(audio) >= QUIET)
+    assert 1.0 <= loud[0] * FRAME_S <= 1.4  # the break, then the voice's own short lead-in
+
+
+def test_prosody_rate_changes_the_speech_length(server: Server) -> None:
+    sentence = "The quick brown fox jumps over the lazy dog near the river bank."
+    normal = speech_s(pcm(server, sentence))
+    slow = speech_s(pcm(server, f'<speak><prosody rate="slow">{sentence}</prosody></speak>'))
+    fast = speech_s(pcm(server, f'<speak><prosody rate="150%">{sentence}</prosody></speak>'))
+    assert slow >= 1.15 * normal, (slow, normal)
+    assert 0.55 * normal <= fast <= 0.8 * normal, (fast, normal)
+
+
+def test_prosody_volume_is_a_gain(server: Server) -> None:
+    sentence = "A steady sentence at one level."
+    normal = rms(pcm(server, sentence).astype(np.float32))
+    soft = rms(pcm(server, f'<speak><prosody volume="-6dB">{sentence}</prosody></speak>').astype(np.float32))
+    assert soft / normal == pytest.approx(10 ** (-6 / 20), rel=0.05)
+
+
+def test_what_was_ignored_is_in_a_header(server: Server) -> None:
+    response = speech(
+        server,
+        '<speak><amazon:effect name="whispered">Quiet</amazon:effect> <prosody pitch="+2st">words</prosody>.</speak>',
+    )
+    assert response.status_code == 200
+    ignored = response.headers["x-ssml-ignored"]
+    assert "<amazon:effect>" in ignored and "pitch" in ignored
+    assert "x-ssml-ignored" not in speech(server, "<speak>Nothing to ignore.</speak>").headers
+
+
+# -- OpenAI's route: word timings and marks (SSE) -----------------------------------------------------------------
+
+
+def test_an_alias_is_what_word_timings_report_and_a_mark_falls_inside_its_word(server: Server) -> None:
+    doc = '<speak>Ask <sub alias="World Wide Web">WWW</sub> today. Then <mark name="here"/>listen carefully.</speak>'
+    events = sse(server, doc)
+    words = [e for e in events if e["type"] == "speech.word"]
+    marks = [e for e in events if e["type"] == "speech.mark"]
+    assert [w["text"] for w in words] == ["Ask", "World Wide Web", "today", "Then", "listen", "carefully"]
+    alias = words[1]
+    assert doc[alias["char_start"] : alias["char_end"]] == '<sub alias="World Wide Web">WWW</sub>'
+    (mark,) = marks
+    listen = words[4]
+    assert mark["name"] == "here" and mark["char_start"] == doc.index("<mark")
+    assert listen["start_s"] <= mark["start_s"] <= listen["end_s"]
+    # The mark goes out before the audio that holds it.
+    position = events.index(mark)
+    audio_before = sum(
+        len(base64.b64decode(e["audio"])) for e in events[:position] if e["type"] == "speech.audio.delta"
+    )
+    assert audio_before / 2 / RATE <= mark["start_s"] + 0.02
+
+
+# -- pronunciations -----------------------------------------------------------------------------------------------
+
+POTATO_IPA = "p\u0259t\u02c8e\u026a\u027eo\u028a"
+
+
+def pls(*entries: str, language: str = "en-US") -> bytes:
+    body = "".join(entries)
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        '<lexicon version="1.0" xmlns="http://www.w3.org/2005/01/pronunciation-lexicon" '
+        f'alphabet="ipa" xml:lang="{language}">{body}</lexicon>'
+    ).encode()
+
+
+def test_a_lexicon_changes_the_phonemes_the_voice_gets(server: Server) -> None:
+    document = pls(
+        f"<lexeme><grapheme>tomato</grapheme><phoneme>{POTATO_IPA}</phoneme></lexeme>",
+        "<lexeme><grapheme>R2-D2</grapheme><alias>artoo deetoo</alias></lexeme>",
+    )
+    created = httpx.post(
+        f"{server.url}/v1/lexicons?name=test", content=document, headers={"Content-Type": "application/pls+xml"}
+    )
+    assert created.status_code == 201, created.text
+    lexicon = created.json()
+    try:
+        assert lexicon["lexemes"] == 2 and lexicon["source"] == "uploaded"
+        listed = httpx.get(f"{server.url}/v1/lexicons").json()["lexicons"]
+        assert lexicon["id"] in [entry["id"] for entry in listed]
+        text = "I like tomato soup."
+        with_lexicon = pcm(server, text, lexicons=[lexicon["id"]])
+        as_phonemes = pcm(server, f"I like [[{POTATO_IPA}]] soup.")  # Piper's inline syntax: the same ids
+        assert same_speech(with_lexicon, as_phonemes)
+        assert not same_speech(with_lexicon, pcm(server, text))
+        # An alias applies before normalisation: "R2-D2" is not read "R two D two".
+        events = sse(server, "Meet R2-D2 today.", lexicons=[lexicon["id"]])
+        assert [e["text"] for e in events if e["type"] == "speech.word"] == ["Meet", "R2-D2", "today"]
+        assert same_speech(
+            pcm(server, "Meet R2-D2 today.", lexicons=[lexicon["id"]]), pcm(server, "Meet artoo deetoo today.")
+        )
+        unknown = speech(server, text, lexicons=["lex_missing"])
+        assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "unknown_lexicon"
+    finally:
+        assert httpx.delete(f"{server.url}/v1/lexicons/{lexicon['id']}").status_code == 204
+    assert httpx.get(f"{server.url}/v1/lexicons/{lexicon['id']}").status_code == 404
+
+
+def test_ssml_phonemes_in_ipa_and_arpabet_reach_the_voice(server: Server) -> None:
+    ipa = pcm(server, f'<speak>I like <phoneme alphabet="ipa" ph="{POTATO_IPA}">tomato</phoneme> soup.</speak>')
+    assert same_speech(ipa, pcm(server, f"I like [[{POTATO_IPA}]] soup."))
+    arpabet = "P AH0 T EY1 T OW2"
+    spoken = pcm(server, f'<speak>I like <phoneme alphabet="cmu-arpabet" ph="{arpabet}">tomato</phoneme> soup.</speak>')
+    assert same_speech(spoken, pcm(server, f"I like [[{arpabet_to_ipa(arpabet).replace(' ', '')}]] soup."))
+
+
+def test_bad_lexicons_are_refused(server: Server) -> None:
+    for body in (b"not xml", b'<!DOCTYPE x [<!ENTITY e SYSTEM "file:///etc/passwd">]><lexicon>&e;</lexicon>'):
+        response = httpx.post(
+            f"{server.url}/v1/lexicons", content=body, headers={"Content-Type": "application/pls+xml"}
+        )
+        assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_lexicon", response.text
+    wrong = httpx.post(f"{server.url}/v1/lexicons", content=b"{}", headers={"Content-Type": "application/json"})
+    assert wrong.status_code == 415
+
+
+# -- bad and hostile documents ------------------------------------------------------------------------------------
+
+HOSTILE = {
+    "malformed": "<speak>unclosed <break time=",
+    "mismatched": "<speak><prosody rate='slow'>text</speak>",
+    "billion laughs": '<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol0 "lol">'
+    + "".join(f'<!ENTITY lol{i} "{f"&lol{i - 1};" * 10}">' for i in range(1, 10))
+    + "]><speak>&lol9;</speak>",
+    "external entity": '<?xml version="1.0"?><!DOCTYPE speak [<!ENTITY xxe SYSTEM "file:///etc/passwd">]>'
+    "<speak>&xxe;</speak>",
+    "external DTD": '<!DOCTYPE speak SYSTEM "http://127.0.0.1:9/evil.dtd"><speak>Hello</speak>',
+    "deep nesting": "<speak>" + "<prosody>" * 200 + "deep" + "</prosody>" * 200 + "</speak>",
+    "large attribute": '<speak><break time="' + "1" * 1_000_000 + '"/></speak>',
+}
+
+
+def test_bad_and_hostile_ssml_gets_a_400_fast_and_disturbs_no_other_stream(server: Server) -> None:
+    long_text = " ".join(["A stream that keeps speaking while others are refused."] * 6)
+    alone = pcm(server, long_text)
+    result: dict[str, np.ndarray] = {}
+
+    def listen() -> None:
+        with httpx.stream(
+            "POST",
+            f"{server.url}/v1/audio/speech",
+            json={"model": "tts-1", "input": long_text, "voice": "alloy", "response_format": "pcm", "seed": 7},
+            timeout=120,
+        ) as response:
+            result["pcm"] = np.frombuffer(b"".join(response.iter_bytes()), dtype="<i2")
+
+    listener = threading.Thread(target=listen)
+    listener.start()
+    try:
+        for name, document in HOSTILE.items():
+            started = time.monotonic()
+            response = speech(server, document)
+            elapsed = time.monotonic() - started
+            assert response.status_code in (400, 413), (name, response.status_code, response.text)
+            error = response.json()["error"]
+            assert error["code"] in ("invalid_ssml", "input_too_long", "body_too_large"), (name, error)
+            assert elapsed < 2.0, (name, elapsed)
+            if error["code"] == "invalid_ssml":
+                assert "at character" in error["message"] and error["param"] == "input"
+            assert httpx.get(f"{server.url}/readyz").status_code == 200
+    finally:
+        listener.join(120)
+    assert same_speech(result["pcm"], alone)  # the stream already speaking got all of its audio
+
+
+# -- rtvoice's WebSocket ------------------------------------------------------------------------------------------
+
+
+async def ws_utterance(ws: Any) -> tuple[list[dict[str, Any]], np.ndarray]:
+    events: list[dict[str, Any]] = []
+    audio = bytearray()
+    while True:
+        message = await asyncio.wait_for(ws.recv(), 30)
+        if isinstance(message, bytes):
+            audio += message
+            continue
+        event = json.loads(message)
+        events.append(event)
+        if event["type"] in ("done", "error"):
+            return events, np.frombuffer(bytes(audio), dtype="<i2")
+
+
+def test_websocket_ssml_in_pieces_breaks_and_marks(server: Server) -> None:
+    doc = '<speak>Hello there.<break time="1s"/>Now <mark name="m"/>listen <sub alias="to this">here</sub>.</speak>'
+
+    async def run() -> tuple[list[dict[str, Any]], np.ndarray, list[dict[str, Any]], list[dict[str, Any]]]:
+        url = server.url.replace("http://", "ws://") + "/v1/tts/stream"
+        async with websockets.connect(url, max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", "sample_rate": RATE, "seed": 3}))
+            assert json.loads(await ws.recv())["type"] == "started"
+            for i in range(0, len(doc), 5):  # tags split across pieces
+                await ws.send(json.dumps({"type": "text", "text": doc[i : i + 5]}))
+            await ws.send(json.dumps({"type": "flush"}))
+            events, audio = await ws_utterance(ws)
+            # A document that does not read: an error for that utterance; the connection lives on.
+            await ws.send(json.dumps({"type": "text", "text": "<speak>Broken <prosody rate='slow'>text"}))
+            await ws.send(json.dumps({"type": "flush"}))
+            broken, _ = await ws_utterance(ws)
+            await ws.send(json.dumps({"type": "text", "text": "Still here."}))
+            await ws.send(json.dumps({"type": "end"}))
+            after, _ = await ws_utterance(ws)
+            return events, audio, broken, after
+
+    events, audio, broken, after = asyncio.run(run())
+    assert 0.9 <= longest_silence_s(audio) <= 1.5
+    words = [e for e in events if e["type"] == "word"]
+    (mark,) = [e for e in events if e["type"] == "mark"]
+    listen = next(w for w in words if w["text"] == "listen")
+    assert mark["name"] == "m" and listen["start_s"] <= mark["start_s"] <= listen["end_s"]
+    assert "to this" in [w["text"] for w in words]
+    assert broken[-1]["type"] == "error" and broken[-1]["code"] == "invalid_ssml"
+    assert after[-1]["type"] == "done" and after[-1]["audio_s"] > 0.3
+
+
+# -- Cartesia's WebSocket: its inline tags, as Pipecat's Cartesia service sends them ------------------------------
+
+
+def cartesia_context(server: Server, transcripts: list[str]) -> np.ndarray:
+    async def run() -> np.ndarray:
+        url = server.url.replace("http://", "ws://") + "/tts/websocket?cartesia_version=2025-04-16"
+        async with websockets.connect(url, max_size=None) as ws:
+            for index, transcript in enumerate(transcripts):
+                await ws.send(
+                    json.dumps(
+                        {
+                            "model_id": "sonic-3",
+                            "transcript": transcript,
+                            "voice": {"mode": "id", "id": "a0e99841-438c-4a64-b679-ae501e7d6091"},
+                            "output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": RATE},
+                            "language": "en",
+                            "context_id": "c",
+                            "continue": index < len(transcripts) - 1,
+                            "max_buffer_delay_ms": 0,
+                            "seed": 5,
+                        }
+                    )
+                )
+            chunks: list[bytes] = []
+            while True:
+                message = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                assert message["type"] != "error", message
+                if message["type"] == "chunk":
+                    chunks.append(base64.b64decode(message["data"]))
+                if message["type"] == "done":
+                    return np.frombuffer(b"".join(chunks), dtype="<i2")
+
+    return asyncio.run(run())
+
+
+def test_cartesia_tags_pause_speed_level_and_spell(server: Server) -> None:
+    sentence = "The quick brown fox jumps over the lazy dog near the river bank."
+    paused = cartesia_context(
+        server, ["The first part is done.<bre", 'ak time="1200ms"/>', "The second part starts now."]
+    )
+    assert 1.0 <= longest_silence_s(paused) <= 1.6
+    assert not set(heard(paused)) & MARKUP_WORDS
+    normal = cartesia_context(server, [sentence])
+    faster = cartesia_context(server, ['<speed ratio="1.5"/>', sentence])
+    quieter = cartesia_context(server, ['<volume ratio="0.5"/>' + sentence])
+    assert 0.55 * speech_s(normal) <= speech_s(faster) <= 0.8 * speech_s(normal)
+    assert rms(quieter.astype(np.float32)) / rms(normal.astype(np.float32)) == pytest.approx(0.5, rel=0.05)
+    spelled = cartesia_context(server, ["Your code is <spell>ABC</spell>."])
+    assert same_speech(spelled, cartesia_context(server, ["Your code is eigh bee see."]))
