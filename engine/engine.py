@@ -249,7 +249,6 @@ class Engine:
             text_type=request.text_type,
             inline_tags=request.inline_tags,
             reads_phonemes=voice is not None and voice.info.reads_phonemes,
-            varies_rate=voice is None or voice.info.varies_rate,
             max_break_s=self.settings.ssml_max_break_s,
             max_silence_s=self.settings.ssml_max_silence_s,
         )

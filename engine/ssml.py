@@ -66,8 +66,6 @@ class MarkupRules:
     """The tags plain text may hold: ``<break/>`` everywhere, Cartesia's tags on Cartesia's routes."""
     reads_phonemes: bool = False
     """The voice takes IPA phonemes (Piper's ``[[ ]]`` input)."""
-    varies_rate: bool = True
-    """The voice can speak a segment at its own rate."""
     max_break_s: float = 10.0
     """Longest silence one break makes (Polly's cap)."""
     max_silence_s: float = 60.0
@@ -365,8 +363,6 @@ class PlanReader:
             rate = _rate(attributes["rate"], prosody.rate)
             if rate is None:
                 self._ignore(f'<prosody rate="{attributes["rate"][:20]}">')
-            elif not self.rules.varies_rate:
-                self._ignore("<prosody rate> (this voice speaks at one rate)")
             else:
                 prosody = replace(prosody, rate=rate)
         if "volume" in attributes:
@@ -403,8 +399,6 @@ class PlanReader:
             rate = _ratio(tag.attributes.get("ratio"), MIN_SPEED, MAX_SPEED)
             if rate is None:
                 self._ignore('<speed ratio="…">')
-            elif not self.rules.varies_rate:
-                self._ignore("<speed> (this voice speaks at one rate)")
             else:
                 self._prosody = replace(self._prosody, rate=rate)
         if tag.name == "volume" and not tag.closing:

@@ -17,6 +17,7 @@ from enum import Enum
 
 import numpy as np
 
+from rtvoice.engine.audio.stretch import TimeStretch
 from rtvoice.engine.errors import InvalidRequest, StreamFailed
 from rtvoice.engine.markup import MarkupError
 from rtvoice.engine.models.base import Step, Voice, VoiceSession
@@ -114,6 +115,10 @@ class SpeechStream:
         self.words = WordClock(voice.info.sample_rate)
         self._gains: list[float] = []
         """Each segment's gain (SSML's ``prosody volume``)."""
+        self._stretch_rates: list[float] = []
+        """Each segment's rate where its voice speaks at one rate (SSML's ``prosody rate``): its audio is stretched."""
+        self._stretch: TimeStretch | None = None
+        """The current segment's stretcher, when it has one."""
         self._pauses: dict[int, list[Silence]] = {}
         """Pauses waiting for the segments before them: by how many segments come before."""
         self._planned = False
@@ -179,7 +184,9 @@ class SpeechStream:
             self.segments.append(item.text)
             self._gains.append(item.prosody.volume)
             self.words.add_segment(item)
-            self.session.add_segment(item.text, item.prosody.rate)
+            native = self.voice.info.varies_rate
+            self._stretch_rates.append(1.0 if native else item.prosody.rate)
+            self.session.add_segment(item.text, item.prosody.rate if native else 1.0)
         self._wake()
 
     def _pause(self, pause: Silence) -> float:
@@ -252,6 +259,7 @@ class SpeechStream:
         """Apply a finished step: the session takes the result, the audio it releases goes out."""
         self.compute_s += compute_s
         audio = self.session.complete(step, result)
+        audio, rate = self._stretched(audio, ends_segment=self.session.segments_done > self._segments_done)
         self.output.words(self.words.timings(self.session.take_timings()))
         played = None
         audio_s = 0.0
@@ -259,7 +267,8 @@ class SpeechStream:
             gain = self._gains[self._segments_done] if self._segments_done < len(self._gains) else 1.0
             if gain != 1.0:
                 audio = audio * np.float32(gain)
-            self.output.words(self.words.audio(len(audio), self.session.segment_length_s()))
+            length_s = self.session.segment_length_s()
+            self.output.words(self.words.audio(len(audio), None if length_s is None else length_s / rate))
             # The listener's clock counts what went out: a resampler holds back a few milliseconds.
             audio_s = self.output.audio(audio, self._segments_done)
             if audio_s:
@@ -271,6 +280,19 @@ class SpeechStream:
             for pause in self._pauses.pop(self._segments_done, []):
                 audio_s += self._pause(pause)
         return Delivered(audio_s, played)
+
+    def _stretched(self, audio: np.ndarray | None, ends_segment: bool) -> tuple[np.ndarray | None, float]:
+        """The current segment's audio at its own rate, for a voice that speaks at one rate; and that rate."""
+        index = self._segments_done
+        rate = self._stretch_rates[index] if index < len(self._stretch_rates) else 1.0
+        if rate == 1.0:
+            return audio, rate
+        if self._stretch is None:
+            self._stretch = TimeStretch(rate, self.voice.info.sample_rate)
+        stretched = self._stretch.process(audio if audio is not None else np.zeros(0, np.float32), last=ends_segment)
+        if ends_segment:
+            self._stretch = None
+        return stretched, rate
 
     def finish(self) -> None:
         """All input is synthesised."""

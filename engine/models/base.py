@@ -43,7 +43,8 @@ class VoiceInfo:
     can_clone: bool = False
     """Whether its model makes new voices from a prompt recording (CosyVoice2 with its prompt front end)."""
     varies_rate: bool = True
-    """Whether a segment can be spoken at its own rate (``VoiceSession.add_segment``'s ``rate``)."""
+    """Whether a segment can be spoken at its own rate (``VoiceSession.add_segment``'s ``rate``); for a voice that
+    cannot, the stream stretches its audio instead (``engine/audio/stretch.py``)."""
     reads_phonemes: bool = False
     """Whether its text may hold IPA phonemes in Piper's ``[[ ]]`` syntax (SSML's ``phoneme``, lexicons)."""
 

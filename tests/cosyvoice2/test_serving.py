@@ -444,3 +444,29 @@ def test_a_hung_token2wav_call_is_abandoned_and_the_neighbour_is_exact(hanging_c
         url, data={"tts_text": text, "spk_id": "cosyvoice2-sft", "seed": str(seed), "format": "pcm"}, timeout=120
     )
     assert after.status_code == 200 and np.array_equal(np.frombuffer(after.content, dtype="<i2"), want)
+
+
+def longest_zero_run_s(samples: np.ndarray, rate: int = 24000) -> float:
+    """The longest run of exact silence (a pause the server made; random weights make no quiet of their own)."""
+    zero = np.concatenate([[False], samples == 0, [False]])
+    edges = np.flatnonzero(np.diff(zero.astype(np.int8)))
+    return float(np.max(edges[1::2] - edges[::2]) / rate) if len(edges) else 0.0
+
+
+def test_ssml_on_a_cosyvoice2_voice(cv_server: Server) -> None:
+    """Breaks, sub and prosody rate on a voice that streams at one speed: its audio is stretched, seed for seed."""
+
+    def pcm(text: str) -> tuple[np.ndarray, httpx.Response]:
+        response = speech(cv_server, "cosyvoice2-sft", input=text)
+        assert response.status_code == 200, response.text
+        return np.frombuffer(response.content, dtype="<i2"), response
+
+    plain, _ = pcm("Hello there.")
+    faster, _ = pcm('<speak><prosody rate="150%">Hello there.</prosody></speak>')
+    assert abs(len(faster) - len(plain) / 1.5) <= 0.01 * 24000, (len(faster), len(plain))
+    paused, _ = pcm('<speak>Hello there.<break time="700ms"/>Hello there.</speak>')
+    assert 0.7 <= longest_zero_run_s(paused) <= 0.72
+    alias, _ = pcm('<speak><sub alias="Hello there.">Hi</sub></speak>')
+    assert np.array_equal(alias, plain)
+    _, response = pcm('<speak><phoneme alphabet="ipa" ph="h\u0259lo\u028a">Hello</phoneme> there.</speak>')
+    assert "phoneme" in response.headers["x-ssml-ignored"]  # no phoneme input: the word is spoken instead
