@@ -20,6 +20,7 @@ import websockets
 
 from rtvoice.engine.arpabet import arpabet_to_ipa
 from testkit.alignment import ALIGNER_RATE, transcribe
+from testkit.whep_client import WhepPlayer
 from tests.audio import rms, same_speech
 from tests.conftest import Server
 
@@ -354,3 +355,31 @@ def test_cartesia_tags_pause_speed_level_and_spell(server: Server) -> None:
     assert rms(quieter.astype(np.float32)) / rms(normal.astype(np.float32)) == pytest.approx(0.5, rel=0.05)
     spelled = cartesia_context(server, ["Your code is <spell>ABC</spell>."])
     assert same_speech(spelled, cartesia_context(server, ["Your code is eigh bee see."]))
+
+
+# -- WHEP's DataChannel -------------------------------------------------------------------------------------------
+
+
+def test_whep_datachannel_marks_and_a_leading_break(server: Server) -> None:
+    """A break at the start is kept though WHEP trims a voice's own leading silence; a mark leaves with the frame
+    of the word after it; SSML that does not read is an error event for that request."""
+    doc = '<speak><break time="1s"/>Then <mark name="go"/>listen carefully.</speak>'
+
+    async def main() -> None:
+        player = await WhepPlayer(server.url).start()
+        try:
+            player.send({"type": "tts_request", "text": doc, "request_id": "m"})
+            done = await player.event("done", "m")
+            mark = await player.event("mark", "m")
+            words = [e for e in player.events if e["type"] == "word" and e["request_id"] == "m"]
+            listen = next(w for w in words if w["text"] == "listen")
+            assert mark["name"] == "go" and listen["start_s"] <= mark["start_s"] <= listen["end_s"]
+            assert words[0]["start_s"] >= 1.0 and done["audio_s"] > 1.5
+            start = len(player.events)
+            player.send({"type": "tts_request", "text": "<speak>Broken <s>text</speak>", "request_id": "b"})
+            error = await player.event("error", start=start, timeout=10)
+            assert error["code"] == "invalid_ssml" and error["param"] == "text", error
+        finally:
+            await player.close()
+
+    asyncio.run(main())
