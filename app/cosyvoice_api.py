@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 
 from rtvoice.app.errors import HttpError, invalid_value
-from rtvoice.app.fields import Normalize, Speed
+from rtvoice.app.fields import InputType, Normalize, Speed
 from rtvoice.app.openapi import model_schema
 from rtvoice.app.state import engine_of
 from rtvoice.app.streaming import SpeechResponse, audio_body, stream_headers
@@ -46,6 +46,7 @@ class SftForm(BaseModel):
     speed: Speed = Field(1.0, description="Speaking rate: 2.0 is twice as fast.")
     seed: int | None = Field(None, description="Makes the voice's random draws reproducible.")
     normalize: Normalize = True
+    input_type: InputType = "auto"
 
 
 async def read_form(request: Request) -> tuple[dict[str, str], dict[str, UploadFile]]:
@@ -167,6 +168,7 @@ async def inference_sft(request: Request) -> Response:
             options=SynthesisOptions(speed=form.speed, seed=form.seed),
             sample_rate=form.sample_rate,
             normalize=form.normalize,
+            text_type=form.input_type,
             names=SFT_NAMES,
         )
     )
@@ -194,6 +196,7 @@ class PromptForm(BaseModel):
     speed: float = Field(1.0, description="CosyVoice2 streams at 1.0 only.")
     seed: int | None = Field(None, description="Makes sampling and the vocoder's noise reproducible.")
     normalize: Normalize = True
+    input_type: InputType = "auto"
 
 
 class ZeroShotForm(PromptForm):
@@ -233,6 +236,7 @@ async def _prompt_route(request: Request, model: type[PromptForm], mode: PromptM
         sample_rate=form.sample_rate,
         prompt=VoicePrompt(mode, text=form.prompt_text if isinstance(form, ZeroShotForm) else ""),
         normalize=form.normalize,
+        text_type=form.input_type,
         names=PROMPT_NAMES,
     )
     stream = await engine.open_prompt_stream(speech, lambda: read_upload(files, engine.max_recording_bytes))

@@ -383,3 +383,37 @@ def test_whep_datachannel_marks_and_a_leading_break(server: Server) -> None:
             await player.close()
 
     asyncio.run(main())
+
+
+# -- CosyVoice's form API and vendors' documents, heard ------------------------------------------------------------
+
+
+def test_cosyvoice_form_reads_ssml_and_input_type_forces_it(server: Server) -> None:
+    def form_pcm(**fields: str) -> tuple[np.ndarray, int]:
+        response = httpx.post(f"{server.url}/inference_sft", data={"format": "pcm", "seed": "2", **fields}, timeout=60)
+        assert response.status_code == 200, response.text
+        return np.frombuffer(response.content, dtype="<i2"), int(response.headers["x-sample-rate"])
+
+    detected, rate = form_pcm(tts_text='<speak>One moment.<break time="1s"/>Here it is.</speak>')
+    assert 0.9 <= longest_silence_s(detected, rate) <= 1.5
+    forced, rate = form_pcm(tts_text='One moment.<break time="1s"/>Here it is.', input_type="ssml")
+    assert 0.9 <= longest_silence_s(forced, rate) <= 1.5
+    bad = httpx.post(f"{server.url}/inference_sft", data={"tts_text": "<speak>One <s>two</speak>"}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tts_text"
+
+
+VENDOR_DOCUMENT = (
+    '<?xml version="1.0"?><speak version="1.0" xmlns="http://www.w3.org/2001/10/synthesis" '
+    'xmlns:mstts="https://www.w3.org/2001/mstts" xml:lang="en-US"><voice name="en-US-AvaNeural">'
+    '<mstts:express-as style="cheerful">Good morning everyone.</mstts:express-as> '
+    '<amazon:effect name="whispered">The weather is fine today.</amazon:effect>'
+    '<break time="700ms"/><google:style name="lively">We will meet at noon.</google:style>'
+    '<audio src="https://example.com/chime.mp3">Thank you.<desc>a chime sound</desc></audio></voice></speak>'
+)
+
+
+def test_vendor_markup_is_never_heard(server: Server) -> None:
+    words = set(heard(pcm(server, VENDOR_DOCUMENT)))
+    vendor = {"amazon", "effect", "whispered", "express", "style", "cheerful", "lively", "google", "voice", "chime"}
+    assert not words & (vendor | MARKUP_WORDS), words
+    assert {"morning", "weather", "meet"} & words  # the speech itself is heard
