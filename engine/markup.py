@@ -27,9 +27,10 @@ MAX_HELD_CHARS = 64
 """In plain text, how long a ``<`` that might still start an inline tag is held before it is read as text."""
 
 _NAME = re.compile(r"[A-Za-z_][\w.\-]*(?::[\w.\-]+)?")
-_ATTRIBUTE = re.compile(r"\s*([A-Za-z_:][\w.\-:]*)\s*=\s*(?:\"([^\"]*)\"|'([^']*)')")
-_ENTITY = re.compile(r"&(?:#([0-9]{1,7})|#[xX]([0-9a-fA-F]{1,6})|([A-Za-z][A-Za-z0-9]{0,31}));")
-_PARTIAL_ENTITY = re.compile(r"&(?:#[xX]?[0-9a-fA-F]{0,7}|[A-Za-z][A-Za-z0-9]{0,31})?$")
+_ATTRIBUTE = re.compile(r"\s*([A-Za-z_:][\w.\-:]*)\s*=\s*(?:\"([^\"]*)\"|'([^']*)'|([^\s\"'=<>`/]+))")
+"""A name and its value: quoted, or (as LLMs and HTML write it) unquoted: ``<break time=1s/>``."""
+_ENTITY = re.compile(r"&(?:#([0-9]{1,16})|#[xX]([0-9a-fA-F]{1,16})|([A-Za-z][A-Za-z0-9]{0,31}));")
+_PARTIAL_ENTITY = re.compile(r"&(?:#[xX]?[0-9a-fA-F]{0,16}|[A-Za-z][A-Za-z0-9]{0,31})?$")
 _PREDEFINED = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
 _W3C_DTD = re.compile(r"https?://(www\.)?w3\.org/", re.IGNORECASE)
 _BLANK_RUN = re.compile(r"\s+")
@@ -75,8 +76,9 @@ Mode = Literal["ssml", "plain"]
 
 def decode_entities(text: str, offset: int) -> MappedText:
     """``text`` (which starts at ``offset``) with its character references and named entities read: XML's five,
-    numeric ones, and HTML's (LLMs write ``&nbsp;``). A bare ``&`` stays as written; a reference to an entity
-    nobody declared (as an XXE probe sends) says nothing: what it names is never read, nor its name."""
+    numeric ones, and HTML's (LLMs write ``&nbsp;``). A bare ``&`` stays as written, and so does a reference to an
+    entity nobody declared (``AT&T;`` is text an LLM wrote; no declaration is ever read, so it names nothing); a
+    numeric reference to no character (``&#0;``) says nothing."""
     if "&" not in text:
         return MappedText.of(text, offset)
     parts: list[MappedText] = []
@@ -94,12 +96,14 @@ def decode_entities(text: str, offset: int) -> MappedText:
 
 
 def _entity_text(match: re.Match[str]) -> str | None:
+    """What a reference reads as: its character, "" for a number that is no character, None (kept as written) for
+    a name no one declared."""
     decimal, hexadecimal, name = match.groups()
     if name is not None:
-        return _PREDEFINED.get(name) or html.entities.html5.get(name + ";") or ""
+        return _PREDEFINED.get(name) or html.entities.html5.get(name + ";")
     code = int(decimal) if decimal is not None else int(hexadecimal, 16)
     if code == 0 or code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
-        return None
+        return ""
     return chr(code)
 
 
@@ -284,7 +288,7 @@ class MarkupReader:
             key = match.group(1).lower()
             if key in attributes:
                 raise MarkupError(f"<{name}> has the attribute {key!r} twice", at)
-            value = match.group(2) if match.group(2) is not None else match.group(3)
+            value = next(group for group in match.groups()[1:] if group is not None)
             attributes[key] = _BLANK_RUN.sub(" ", decode_entities(value, 0).text)
             position = match.end()
         if rest[position:].strip():

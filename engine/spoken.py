@@ -679,6 +679,10 @@ _TRIGGER = re.compile(
 _FOLLOWER = re.compile(r"[A-Za-z\u00b5\u00b0][A-Za-z\u00b5\u00b0\u00b2\u00b3/.'\-]*[,.;:!?)\"']*")
 """A plain word after such a word goes with it to wetext: it may be its unit ("5 kg", "100 km/h")."""
 _TOKEN = re.compile(r"\S+")
+MAX_WETEXT_RUN = 12
+"""Tokens one wetext call reads at most (see ``_windows``)."""
+MAX_WETEXT_CALLS = 32
+"""wetext calls one request's text makes at most (``WetextBudget``); ``docs/decisions.md`` has the figures."""
 _ESCAPED = re.compile(r"\\(.)")
 _BARE_THOUSAND = re.compile(r"(?<![\w-])thousand\b")
 _SCALE_AND = re.compile(
@@ -724,8 +728,10 @@ def _windows(line: MappedText) -> list[tuple[int, int, list[bool]]]:
         if not chosen[i]:
             i += 1
             continue
-        j = i
-        while j < len(tokens) and chosen[j]:
+        j = i + 1
+        # A run ends at a plain word, or at a word that starts something new once the run is long: wetext's cost
+        # and the alignment's grow faster than a run's length, and a spoken number is a few words long.
+        while j < len(tokens) and chosen[j] and (j - i < MAX_WETEXT_RUN or not marked[j]):
             j += 1
         runs.append((i, j, marked[i:j]))
         i = j
@@ -799,7 +805,54 @@ def _read_one(word: MappedText) -> MappedText:
     return word if spoken == word.text else _replacement(word, spoken)
 
 
-def _read_english(line: MappedText) -> MappedText:
+class WetextBudget:
+    """How many more wetext calls one request's text may make. wetext costs about a millisecond per character it
+    reads, on the event loop; a text made of numbers and symbols would hold the loop for seconds. Past the budget,
+    words are read by ``_read_plainly`` (the rules before wetext still apply), so the cost of a text is bounded and
+    its reading the same on every machine."""
+
+    def __init__(self, calls: int = MAX_WETEXT_CALLS) -> None:
+        self.calls = calls
+
+    def take(self) -> bool:
+        if self.calls <= 0:
+            return False
+        self.calls -= 1
+        return True
+
+
+_DIGITS = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
+_SYMBOL_WORDS = {
+    "&": "and",
+    "%": "percent",
+    "@": "at",
+    "+": "plus",
+    "=": "equals",
+    "#": "number",
+    "\u00d7": "times",
+    "\u00f7": "divided by",
+    "\u00b0": "degrees",
+}
+_SYMBOL = re.compile("[" + re.escape("".join(_SYMBOL_WORDS)) + "]")
+
+
+def _say_digits(match: re.Match[str]) -> str:
+    whole, _, fraction = match.group(0).replace(",", "").partition(".")
+    said = cardinal(int(whole)) if len(whole) <= 15 else digit_words(whole)
+    return f" {said} point {digit_words(fraction)} " if fraction else f" {said} "
+
+
+def _read_plainly(word: MappedText) -> MappedText:
+    """A word read without wetext: numbers as cardinals, the symbols wetext would say by their names."""
+    said = word.sub(_DIGITS, _say_digits).sub(_SYMBOL, lambda match: f" {_SYMBOL_WORDS[match.group(0)]} ")
+    return _tidy_blanks(said)
+
+
+def _tidy_blanks(mapped: MappedText) -> MappedText:
+    return mapped.sub(re.compile(r"\s+"), " ").strip()
+
+
+def _read_english(line: MappedText, budget: WetextBudget) -> MappedText:
     runs = _windows(line)
     if not runs:
         return line
@@ -809,6 +862,11 @@ def _read_english(line: MappedText) -> MappedText:
     for first, end, marked in runs:
         start, stop = tokens[first][0], tokens[end - 1][1]
         words = [line[a:b] for a, b in tokens[first:end]]
+        if not budget.take():
+            pieces = [_read_plainly(word) if is_marked else word for word, is_marked in zip(words, marked, strict=True)]
+            parts += [line[last:start], _joined(pieces)]
+            last = stop
+            continue
         spoken = _wetext(" ".join(w.text for w in words), "en")
         if spoken is None:
             pieces = [_read_one(word) if is_marked else word for word, is_marked in zip(words, marked, strict=True)]
@@ -829,22 +887,22 @@ _TAG = re.compile(r"\[[a-z_\-]+\]|</?[a-z]+>")
 """CosyVoice2's tags ("[laughter]", "<strong>"): passed by, never through a grammar."""
 
 
-def _read_cjk(line: MappedText, lang: str) -> MappedText:
+def _read_cjk(line: MappedText, lang: str, budget: WetextBudget) -> MappedText:
     """A Chinese or Japanese line through wetext's grammar for it (numbers, dates, units, money; "3个" -> "三个"),
     aligned character by character, CosyVoice2's tags passed by."""
     parts: list[MappedText] = []
     last = 0
     for tag in [*_TAG.finditer(line.text), None]:
         end = tag.start() if tag else len(line.text)
-        parts.append(_read_cjk_piece(line[last:end], lang))
+        parts.append(_read_cjk_piece(line[last:end], lang, budget))
         if tag:
             parts.append(line[tag.start() : tag.end()])
             last = tag.end()
     return MappedText.join(parts)
 
 
-def _read_cjk_piece(piece: MappedText, lang: str) -> MappedText:
-    if not re.search(r"\d", piece.text):
+def _read_cjk_piece(piece: MappedText, lang: str, budget: WetextBudget) -> MappedText:
+    if not re.search(r"\d", piece.text) or not budget.take():
         return piece
     lead = len(piece.text) - len(piece.text.lstrip())
     body = piece[lead : lead + len(piece.text.strip())]
@@ -868,22 +926,24 @@ def _read_cjk_piece(piece: MappedText, lang: str) -> MappedText:
 _MARKUP = re.compile(r"<\|[^|<>]*\|>")
 
 
-def spoken_form(mapped: MappedText, language: str) -> MappedText:
+def spoken_form(mapped: MappedText, language: str, budget: WetextBudget | None = None) -> MappedText:
     """``mapped`` (cleaned text: one blank between words) as an ``language`` voice should read it, each character
     still mapped to the characters of the original it came from.
 
     English and "mul" text: our rules, then wetext's English grammar on the words that need it. A Chinese or
     Japanese line (CosyVoice2) goes to wetext's grammar for it; Korean is left as it is. Text with CosyVoice's
-    markup (``<|en|>``) is left as it is, as CosyVoice's own front end leaves it."""
+    markup (``<|en|>``) is left as it is, as CosyVoice's own front end leaves it. ``budget``: the request's wetext
+    calls left (a fresh one when None)."""
     if _MARKUP.search(mapped.text):
         return mapped
+    budget = budget if budget is not None else WetextBudget()
     rules = _RULES[_day_first(language)]
     lines: list[MappedText] = []
     changed = False
     start = 0
     for end in [*(i for i, c in enumerate(mapped.text) if c == "\n"), len(mapped.text)]:
         line = mapped[start:end]
-        said = _spoken_line(line, rules)
+        said = _spoken_line(line, rules, budget)
         changed = changed or said.text != line.text
         lines.append(said)
         if end < len(mapped.text):
@@ -892,15 +952,15 @@ def spoken_form(mapped: MappedText, language: str) -> MappedText:
     return MappedText.join(lines) if changed else mapped
 
 
-def _spoken_line(line: MappedText, rules: Sequence[Rule]) -> MappedText:
+def _spoken_line(line: MappedText, rules: Sequence[Rule], budget: WetextBudget) -> MappedText:
     if not _CANDIDATE.search(line.text):
         return line
     if _KANA.search(line.text):
-        return _read_cjk(line, "ja")
+        return _read_cjk(line, "ja", budget)
     if _HAN.search(line.text):
-        return _read_cjk(line, "zh")
+        return _read_cjk(line, "zh", budget)
     if _HANGUL.search(line.text):
         return line
     for pattern, replacement in rules:
         line = line.sub(pattern, replacement)
-    return _read_english(line)
+    return _read_english(line, budget)

@@ -51,9 +51,13 @@ _ACCEPTED = frozenset({"speak", "emphasis", "lang", "prosody", "audio", "desc", 
 _TIME = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)?\s*$", re.IGNORECASE)
 _RELATIVE = re.compile(r"^\s*([+-]?)(\d+(?:\.\d*)?|\.\d+)\s*(%|db)?\s*$", re.IGNORECASE)
 _SPEAK_ROOT = re.compile(r"<speak[\s/>]", re.IGNORECASE)
-_PROLOG = re.compile(r"\s+|<\?.*?\?>|<!--.*?-->|<!DOCTYPE[^>\[]*>", re.DOTALL | re.IGNORECASE)
+_PROLOG = re.compile(r"[\s\ufeff]+|<\?.*?\?>|<!--.*?-->|<!DOCTYPE[^>\[]*>", re.DOTALL | re.IGNORECASE)
+"""What may come before the root: blanks (a byte order mark too), an XML declaration, comments, a DOCTYPE."""
 _PROLOG_STARTS = ("<speak", "<?", "<!--", "<!doctype")
-_MARKDOWN_EMPHASIS = re.compile(r"(?<![\w*])(\*{1,3}|_{2,3})(?=\S)(.+?)(?<=\S)\1(?![\w*])")
+_MARKDOWN = re.compile(r"\*{1,3}|_{2,3}|(?<=\n)[ \t]*[*+](?=[ \t])|^[ \t]*[*+](?=[ \t])")
+"""Markdown's emphasis marks and list bullets, which LLMs write into SSML."""
+BARE_SECONDS_BELOW = 100.0
+"""A break time without a unit below this is seconds (``2``), from it milliseconds (``500``)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,51 @@ def _may_still_be_ssml(rest: str) -> bool:
     return any(start.startswith(head[: len(start)]) or head.startswith(start) for start in _PROLOG_STARTS)
 
 
+class MarkdownFilter:
+    """Takes Markdown's emphasis marks (``**``, ``*``, ``__``) and list bullets out of SSML's text as it comes.
+
+    A mark goes when it touches a word on one side only (it opens or closes emphasis: ``**very**,``); one between
+    blanks (``5 * 3``) or inside a word (``a*b``) stays. Text arrives in pieces and around tags, so the last
+    character read is kept for the next piece, and a mark at a piece's end waits for the character after it."""
+
+    def __init__(self) -> None:
+        self._before = "\n"
+        self._held: MappedText | None = None
+
+    def strip(self, text: MappedText, final: bool, next_char: str | None = None) -> MappedText:
+        """``text`` (after what is held) without its marks; with ``final``, what is held is judged against
+        ``next_char`` (None: the end)."""
+        if self._held is not None:
+            text = MappedText.join([self._held, text])
+            self._held = None
+        if not final:  # marks and bullets at a piece's end are judged once the next character is known
+            held = len(text.text) - len(text.text.rstrip("*_+"))
+            if held:
+                self._held, text = text[len(text.text) - held :], text[: len(text.text) - held]
+        if not text.text:
+            return text
+        keep: list[MappedText] = []
+        copied = 0
+        for match in _MARKDOWN.finditer(text.text):
+            start, end = match.span()
+            before = text.text[start - 1] if start else self._before
+            after = text.text[end] if end < len(text.text) else next_char
+            bullet = match.group(0).strip() in ("*", "+") and before == "\n" and after is not None and after in " \t"
+            if bullet or _touches_one_side(before, after):
+                keep.append(text[copied:start])
+                copied = end
+        keep.append(text[copied:])
+        kept = MappedText.join(keep)
+        if kept.text:
+            self._before = kept.text[-1]
+        return kept
+
+
+def _touches_one_side(before: str, after: str | None) -> bool:
+    """A mark with a word on one side and a blank, punctuation or the end on the other."""
+    return before.isalnum() != (after is not None and after.isalnum())
+
+
 @dataclass
 class _Open:
     """An element being read."""
@@ -126,6 +175,8 @@ class PlanReader:
     _silence_s: float = 0.0
     _prosody: Prosody = Prosody()
     """Plain text's prosody (Cartesia's ``<speed/>`` and ``<volume/>`` last until the next)."""
+    _markdown: MarkdownFilter = field(default_factory=lambda: MarkdownFilter())
+    """SSML's text without the Markdown an LLM wrote into it."""
 
     def __post_init__(self) -> None:
         if self.rules.text_type != "auto":
@@ -152,6 +203,9 @@ class PlanReader:
             self._waiting = ""
         assert self._reader is not None
         items += self._items(self._reader.close())
+        if self.mode == "ssml":
+            held = self._markdown.strip(MappedText.of(""), final=True)
+            items += [Speech(held, self._current)] if held.text else []
         if self._stack:
             if self.mode == "ssml":
                 open_element = self._stack[-1]
@@ -167,7 +221,7 @@ class PlanReader:
     def _reader_end(self) -> int:
         return self._stack[-1].start if self._stack else 0
 
-    def _ignore(self, what: str) -> None:
+    def ignore(self, what: str) -> None:
         if what not in self.ignored:
             self.ignored.append(what)
 
@@ -192,11 +246,16 @@ class PlanReader:
         tag = token
         if self._root_closed:
             raise MarkupError(f"<{tag.name}> after the document's root element ended", tag.start)
+        held = self._markdown.strip(MappedText.of(""), final=True, next_char="<")
+        items: list[PlanItem] = [Speech(held, self._current)] if held.text else []
+        return items + self._tag(tag)
+
+    def _tag(self, tag: Tag) -> list[PlanItem]:
         if tag.closing:
             return self._end(tag)
         if self._stack and self._stack[-1].collecting is not None:  # inside an element read whole: text only
             if tag.name not in ("break", "mark"):
-                self._ignore(f"<{tag.name}> inside <{self._stack[-1].name}>")
+                self.ignore(f"<{tag.name}> inside <{self._stack[-1].name}>")
             if not tag.empty:
                 self._push(_Open(tag.name, tag.start, self._current, collecting=self._stack[-1].collecting))
             return []
@@ -223,7 +282,7 @@ class PlanReader:
         if name in ("mark", "bookmark"):
             mark = tag.attributes.get("name" if name == "mark" else "mark")
             if mark is None:
-                self._ignore(f"<{name}> without a name")
+                self.ignore(f"<{name}> without a name")
                 return []
             return [Mark(mark, tag.start)]
         if name == "speak" and self._stack:
@@ -231,9 +290,9 @@ class PlanReader:
         if name in _STRUCTURE:
             return [Boundary(tag.start)]
         if name == "audio":
-            self._ignore("<audio> (its text is spoken instead)")
+            self.ignore("<audio> (its text is spoken instead)")
         elif name not in _ACCEPTED:
-            self._ignore(f"<{name}>")
+            self.ignore(f"<{name}>")
         return []
 
     def _end(self, tag: Tag) -> list[PlanItem]:
@@ -258,11 +317,13 @@ class PlanReader:
             return []
         if self._stack and self._stack[-1].silent:
             return []
-        if not self._stack and text.text.strip():
+        if not self._stack:
+            if not text.text.replace("\ufeff", "").strip():
+                return []
             if self._root_closed:
                 raise MarkupError("text after the document's root element ended", text.spans[0][0])
-        text = text.sub(_MARKDOWN_EMPHASIS, lambda match: [(match.group(2), 2)])
-        return [Speech(text, self._current)]
+        text = self._markdown.strip(text, final=False)
+        return [Speech(text, self._current)] if text.text else []
 
     # -- elements read whole --------------------------------------------------------------------
 
@@ -278,7 +339,7 @@ class PlanReader:
         if tag.name == "sub":
             alias = attributes.get("alias")
             if alias is None:
-                self._ignore("<sub> without an alias")
+                self.ignore("<sub> without an alias")
                 return content
             return MappedText.spanning(alias, span)
         if tag.name == "phoneme":
@@ -286,7 +347,7 @@ class PlanReader:
         kind = "characters" if tag.name == "spell" else attributes.get("interpret-as", "")
         pieces = say_as_module.say_as(content.text, kind, attributes.get("format"), attributes.get("detail"))
         if pieces is None:
-            self._ignore(f'<say-as interpret-as="{kind}">')
+            self.ignore(f'<say-as interpret-as="{kind}">')
             return content
         parts: list[MappedText] = []
         for words, (start, end) in pieces:
@@ -299,16 +360,16 @@ class PlanReader:
         alphabet = attributes.get("alphabet", "ipa").lower()
         phonemes = attributes.get("ph", "")
         if not self.rules.reads_phonemes:
-            self._ignore("<phoneme> (this voice takes no phonemes; its text is spoken)")
+            self.ignore("<phoneme> (this voice takes no phonemes; its text is spoken)")
             return content
         if alphabet in ("cmu-arpabet", "x-cmu-arpabet", "arpabet"):
             try:
                 phonemes = arpabet_to_ipa(phonemes)
             except ValueError:
-                self._ignore(f'<phoneme alphabet="{alphabet}"> with unknown symbols')
+                self.ignore(f'<phoneme alphabet="{alphabet}"> with unknown symbols')
                 return content
         elif alphabet not in ("ipa", "x-ipa"):
-            self._ignore(f'<phoneme alphabet="{alphabet}">')
+            self.ignore(f'<phoneme alphabet="{alphabet}">')
             return content
         phonemes = re.sub(r"[\s\[\]]+", "", phonemes)
         if not phonemes or not content.text.strip():
@@ -325,20 +386,20 @@ class PlanReader:
         if time is not None:
             seconds = self._seconds(time)
             if seconds is None:
-                self._ignore(f'<break time="{time[:20]}">')
+                self.ignore(f'<break time="{time[:20]}">')
         strength = tag.attributes.get("strength")
         if seconds is None and strength is not None:
             seconds = BREAK_STRENGTHS.get(strength.strip().lower())
             if seconds is None:
-                self._ignore(f'<break strength="{strength[:20]}">')
+                self.ignore(f'<break strength="{strength[:20]}">')
         if seconds is None:
             seconds = BREAK_STRENGTHS["medium"]
         if seconds > self.rules.max_break_s:
-            self._ignore(f"breaks past {self.rules.max_break_s:g} s (each is cut to that)")
+            self.ignore(f"breaks past {self.rules.max_break_s:g} s (each is cut to that)")
             seconds = self.rules.max_break_s
         room = max(0.0, self.rules.max_silence_s - self._silence_s)
         if seconds > room:
-            self._ignore(f"breaks past {self.rules.max_silence_s:g} s in all")
+            self.ignore(f"breaks past {self.rules.max_silence_s:g} s in all")
             seconds = room
         self._silence_s += seconds
         if seconds <= 0:  # no pause, but still between words
@@ -346,13 +407,13 @@ class PlanReader:
         return [Pause(seconds, tag.start)]
 
     def _seconds(self, value: str) -> float | None:
-        """A break's time: ``500ms``, ``1.5s``; a bare number is seconds when a break may be that long, else
+        """A break's time: ``500ms``, ``1.5s``; a bare number is seconds below ``BARE_SECONDS_BELOW``, else
         milliseconds (``2`` is two seconds, ``500`` half of one)."""
         match = _TIME.match(value)
         if match is None:
             return None
         number, unit = float(match.group(1)), (match.group(2) or "").lower()
-        if unit == "ms" or (not unit and number > self.rules.max_break_s):
+        if unit == "ms" or (not unit and number >= BARE_SECONDS_BELOW):
             number /= 1000
         return number if math.isfinite(number) else None
 
@@ -362,18 +423,18 @@ class PlanReader:
         if "rate" in attributes:
             rate = _rate(attributes["rate"], prosody.rate)
             if rate is None:
-                self._ignore(f'<prosody rate="{attributes["rate"][:20]}">')
+                self.ignore(f'<prosody rate="{attributes["rate"][:20]}">')
             else:
                 prosody = replace(prosody, rate=rate)
         if "volume" in attributes:
             volume = _volume(attributes["volume"], prosody.volume)
             if volume is None:
-                self._ignore(f'<prosody volume="{attributes["volume"][:20]}">')
+                self.ignore(f'<prosody volume="{attributes["volume"][:20]}">')
             else:
                 prosody = replace(prosody, volume=volume)
         for ignored in ("pitch", "contour", "range", "duration"):
             if ignored in attributes:
-                self._ignore(f"<prosody {ignored}>")
+                self.ignore(f"<prosody {ignored}>")
         return prosody
 
     # -- plain text -------------------------------------------------------------------------------
@@ -398,13 +459,13 @@ class PlanReader:
         if tag.name == "speed" and not tag.closing:
             rate = _ratio(tag.attributes.get("ratio"), MIN_SPEED, MAX_SPEED)
             if rate is None:
-                self._ignore('<speed ratio="…">')
+                self.ignore('<speed ratio="…">')
             else:
                 self._prosody = replace(self._prosody, rate=rate)
         if tag.name == "volume" and not tag.closing:
             volume = _ratio(tag.attributes.get("ratio"), 0.0, MAX_GAIN)
             if volume is None:
-                self._ignore('<volume ratio="…">')
+                self.ignore('<volume ratio="…">')
             else:
                 self._prosody = replace(self._prosody, volume=volume)
         return []  # <emotion/> is never read; this server has no emotions to give it

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from rtvoice.engine.lexicon import Lexicon, apply_lexicons
 from rtvoice.engine.mapped_text import MappedText, Span
 from rtvoice.engine.plan import Boundary, Mark, Pause, PlanItem, Prosody, Speech
-from rtvoice.engine.spoken import is_abbreviation, spoken_form
+from rtvoice.engine.spoken import WetextBudget, is_abbreviation, spoken_form
 from rtvoice.engine.ssml import MarkupRules, PlanReader
 
 if TYPE_CHECKING:
@@ -93,11 +93,13 @@ def normalize(text: str, language: str = "en", *, spoken: bool = True) -> str:
     return normalize_mapped(text, language, spoken=spoken).text
 
 
-def normalize_mapped(text: str, language: str = "en", *, spoken: bool = True) -> MappedText:
+def normalize_mapped(
+    text: str, language: str = "en", *, spoken: bool = True, budget: WetextBudget | None = None
+) -> MappedText:
     """``normalize`` that keeps, for each character it returns, where it came from in ``text``.
 
     ``spoken``: English (and "mul") text is rewritten as it is said (``engine/spoken.py``: "$5" -> "five dollars",
-    "Dr." -> "Doctor"); without it the text is only cleaned."""
+    "Dr." -> "Doctor"); without it the text is only cleaned. ``budget``: the request's wetext calls left."""
     mapped = _nfc(text)
     rewrite = spoken and english_rules(language)
     if rewrite:
@@ -107,7 +109,7 @@ def normalize_mapped(text: str, language: str = "en", *, spoken: bool = True) ->
     mapped = mapped.sub(_DASH, ", ").translate(_TRANSLATE).sub(_CONTROL, " ").sub(_CRLF, "\n")
     mapped = _tidy(mapped)
     if rewrite:
-        said = spoken_form(mapped, language)
+        said = spoken_form(mapped, language, budget)
         if said is not mapped:
             mapped = _tidy(said)
     return mapped
@@ -192,13 +194,12 @@ def make_segment(
     *,
     spoken: bool = True,
     source: str | None = None,
-    lexicons: Sequence[Lexicon] = (),
-    reads_phonemes: bool = False,
+    budget: WetextBudget | None = None,
 ) -> Segment:
     """Normalise ``raw`` (text mapped onto what the client sent, ``source``; a string starting at ``offset`` in
     it) and find its words.
 
-    Lexicon entries replace their words first (so a lexicon says how ``R2-D2`` is read). A word is a
+    The segmenter applies lexicons before this (so a lexicon says how ``R2-D2`` is read). A word is a
     blank-separated token of the normalised text without its silent edges, mapped back to the client's text;
     tokens that one rewrite produced (``$100`` -> ``one hundred dollars``) are one word."""
     if isinstance(raw, str):
@@ -206,9 +207,7 @@ def make_segment(
         raw = MappedText.of(raw, offset)
     if source is None:
         raise TypeError("make_segment needs the source of a mapped text")
-    if lexicons:
-        raw = apply_lexicons(raw, lexicons, reads_phonemes)[0]
-    mapped = normalize_mapped(raw.text, language, spoken=spoken).through(raw)
+    mapped = normalize_mapped(raw.text, language, spoken=spoken, budget=budget).through(raw)
     text = mapped.text.replace("\n", " ")
     words: list[Word] = []
     for start, end in spoken_tokens(text):
@@ -269,6 +268,8 @@ class Segmenter:
         self.marks: list[Mark] = []
         """Marks read whose segment is not cut yet."""
         self.emitted = 0
+        self.wetext_budget = WetextBudget()
+        """The wetext calls all of this text may still make (``engine/spoken.py``)."""
 
     @classmethod
     def of(
@@ -366,13 +367,12 @@ class Segmenter:
                 self.emitted += 1
 
     def _segment(self, head: MappedText) -> Segment:
+        if self.lexicons:
+            head, passed_over = apply_lexicons(head, self.lexicons, self.rules.reads_phonemes)
+            if passed_over:
+                self.reader.ignore("lexicon pronunciations (this voice takes no phonemes; aliases are used)")
         segment = make_segment(
-            head,
-            language=self.language,
-            spoken=self.spoken,
-            source=self.source,
-            lexicons=self.lexicons,
-            reads_phonemes=self.rules.reads_phonemes,
+            head, language=self.language, spoken=self.spoken, source=self.source, budget=self.wetext_budget
         )
         head_end = max((end for _, end in head.spans), default=0)
         marks = [mark for mark in self.marks if mark.position < head_end]

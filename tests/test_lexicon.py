@@ -414,3 +414,16 @@ def test_matcher_is_built_once() -> None:
 )
 def test_lexicon_applies(lexicon_language: str, voice_language: str, applies: bool) -> None:
     assert lexicon_applies(Lexicon(lexicon_language, ()), voice_language) is applies
+
+
+def test_a_pronunciation_a_voice_cannot_take_is_reported_and_its_alias_used() -> None:
+    from rtvoice.engine.ssml import MarkupRules
+    from rtvoice.engine.text import Segment, Segmenter
+
+    lexicons = [lexicon(("tomato", "təˈmɑːtoʊ", None), ("W3C", None, "World Wide Web Consortium"))]
+    for reads_phonemes, reported in ((True, False), (False, True)):
+        segmenter = Segmenter(90, 300, rules=MarkupRules(reads_phonemes=reads_phonemes), lexicons=lexicons)
+        planned = segmenter.push("A tomato from the W3C.") + segmenter.close()
+        text = " ".join(item.text for item in planned if isinstance(item, Segment))
+        assert ("[[təˈmɑːtoʊ]]" in text) is reads_phonemes and "World Wide Web Consortium" in text
+        assert any("lexicon" in what for what in segmenter.ignored) is reported

@@ -3,6 +3,7 @@ as, what is left alone, and that every word still maps to the characters the cli
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -448,3 +449,28 @@ def test_timing() -> None:
 
     assert median_ms(MIXED) < 15
     assert median_ms(PLAIN) < 1
+
+
+def test_a_text_of_numbers_and_symbols_costs_a_bounded_number_of_wetext_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rtvoice.engine.text import Segment, Segmenter
+
+    calls: list[str] = []
+    original = spoken._wetext
+
+    def counted(text: str, lang: str) -> str | None:
+        calls.append(text)
+        return original(text, lang)
+
+    monkeypatch.setattr(spoken, "_wetext", counted)  # counts the real calls; the reading stays wetext's
+    for text in ("a & " * 1000, "1 " * 2000, " ".join(str(n) for n in range(900))):
+        calls.clear()
+        segmenter = Segmenter(90, 300)
+        planned = segmenter.push(text) + segmenter.close()
+        said = " ".join(item.text for item in planned if isinstance(item, Segment))
+        assert len(calls) == spoken.MAX_WETEXT_CALLS
+        assert all(len(call.split()) <= 2 * spoken.MAX_WETEXT_RUN for call in calls)
+        # Past the budget the words are still read: no digit or "&" is left for the phonemiser.
+        assert not re.search(r"[\d&]", said), said[-200:]
+    assert said.endswith("eight hundred ninety eight eight hundred ninety nine")
+    budget = spoken.WetextBudget(1)
+    assert budget.take() and not budget.take()

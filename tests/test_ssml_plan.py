@@ -209,6 +209,44 @@ def test_plain_text_stays_text_but_for_inline_breaks(text: str, expected: list[P
     assert summary(plan(text, rules)) == expected
 
 
+@pytest.mark.parametrize("piece", [0, 1, 2, 3, 5])
+def test_markdown_in_ssml_is_not_read_in_any_pieces(piece: int) -> None:
+    document = (
+        '<speak>This is **very** good. **Really <emphasis>very</emphasis>**, (*so*) "__much__".\n'
+        "* first item\n+ second item\nBut 5 * 3 and a*b stay.</speak>"
+    )
+    assert said_in_pieces(document, piece) == (
+        'This is very good. Really very, (so) "much". first item second item But five * three and a*b stay.'
+    )
+
+
+def said_in_pieces(text: str, piece: int) -> str:
+    return " ".join(item.text for item in plan(text, piece=piece) if isinstance(item, Segment))
+
+
+def test_a_byte_order_mark_before_the_root_is_a_prolog() -> None:
+    document = "\ufeff<speak>Hi<break time='1s'/>there</speak>"
+    assert detect(document, final=True) == "ssml"
+    assert summary(plan(document)) == [("say", "Hi", 1.0), ("pause", 1.0, 0), ("say", "there", 1.0)]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["<speak>Hello <break time=1s/> friend</speak>", "Hello <break time=1s/> friend", "Hello <BREAK TIME=1s> friend"],
+)
+def test_unquoted_attribute_values_are_read(text: str) -> None:
+    assert summary(plan(text)) == [("say", "Hello", 1.0), ("pause", 1.0, 0), ("say", "friend", 1.0)]
+
+
+@pytest.mark.parametrize("time,seconds", [("2", 2.0), ("15", 10.0), ("99.5", 10.0), ("100", 0.1), ("500", 0.5)])
+def test_a_break_time_without_a_unit_is_seconds_when_small_else_milliseconds(time: str, seconds: float) -> None:
+    assert summary(plan(f'<speak>A<break time="{time}"/>b</speak>')) == [
+        ("say", "A", 1.0),
+        ("pause", seconds, 0),
+        ("say", "b", 1.0),
+    ]
+
+
 def test_forced_ssml_needs_no_root() -> None:
     assert summary(plan('One<break time="1s"/>two', MarkupRules(text_type="ssml"))) == [
         ("say", "One", 1.0),
@@ -309,7 +347,7 @@ def test_cartesia_inline_tags() -> None:
         ("<speak>Text", "<speak> is never closed"),
         ("<speak>x</speak> and after", "after the document"),
         ('<speak><break time="1s" time="2s"/></speak>', "twice"),
-        ("<speak><break time=1s/></speak>", "malformed attribute"),
+        ('<speak><break time=="1s"/></speak>', "malformed attribute"),
         ('<!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;">]><speak>&lol2;</speak>', "DOCTYPE"),
         (
             '<?xml version="1.0"?><!DOCTYPE speak [<!ENTITY xxe SYSTEM "file:///etc/passwd">]><speak>&xxe;</speak>',
@@ -328,8 +366,9 @@ def test_bad_ssml_is_refused_with_its_position(ssml: str, problem: str) -> None:
     assert time.monotonic() - started < 0.5
 
 
-def test_undeclared_entities_say_nothing() -> None:
-    assert said("<speak>before &xxe; after</speak>") == "before after"
+def test_undeclared_entities_are_text_and_references_to_no_character_say_nothing() -> None:
+    # No declaration is ever read, so "&T;" names nothing: it is what an LLM wrote ("AT&T; R&D").
+    assert said("<speak>AT&T; and R&D; &#0;&#xD800;&#99999999;done</speak>") == "AT and T; and R and D; done"
 
 
 def test_silence_is_capped_per_break_and_per_request() -> None:
