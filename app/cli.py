@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -123,14 +124,39 @@ def output_rate(fmt: AudioFormat, voice_rate: int) -> int:
     return min((rate for rate in fmt.sample_rates if rate >= voice_rate), default=max(fmt.sample_rates))
 
 
-async def say_to_file(request: SynthesisRequest, output: Path, fmt: AudioFormat) -> None:
-    """Speak ``request`` into ``output`` in ``fmt`` with a voice of the settings' engine (what ``rtvoice say`` runs);
-    without a sample rate, the voice's own or the next that ``fmt`` takes."""
+def lexicon_files(names: Sequence[str]) -> tuple[list[Path], tuple[str, ...]]:
+    """``say``'s ``--lexicon`` values: the PLS files among them (loaded with the engine, as ``RTVOICE_LEXICONS``'
+    are), and the ids a request names, in order (a file's is its name without the extension, as a startup
+    lexicon's); anything else is the id of a lexicon uploaded to the data directory. ValueError for a path that
+    names no file."""
+    files: list[Path] = []
+    ids: list[str] = []
+    for name in names:
+        path = Path(name)
+        if path.is_file():
+            files.append(path)
+            ids.append(path.stem)
+        elif path.suffix.lower() in (".pls", ".xml") or os.sep in name:
+            raise ValueError(f"no lexicon file {name!r}")
+        else:
+            ids.append(name)
+    return files, tuple(ids)
+
+
+async def say_to_file(request: SynthesisRequest, output: Path, fmt: AudioFormat, lexicons: Sequence[Path] = ()) -> None:
+    """Speak ``request`` into ``output`` in ``fmt`` with a voice of the settings' engine (what ``rtvoice say`` runs),
+    with the PLS files ``lexicons`` loaded beside the settings' own; without a sample rate, the voice's own or the
+    next that ``fmt`` takes. What the text's markup asked for that was not done is a warning on standard error."""
     from rtvoice.app.streaming import audio_body
     from rtvoice.engine.audio.encoding import create_encoder
     from rtvoice.engine.engine import Engine
 
-    engine = Engine(_settings(warmup=False))
+    settings = _settings(warmup=False)
+    if lexicons:
+        named = [Path(path.strip()) for path in settings.lexicons.split(",") if path.strip()]
+        added = [path for path in lexicons if path.resolve() not in {known.resolve() for known in named}]
+        settings = settings.model_copy(update={"lexicons": ",".join(str(path) for path in [*named, *added])})
+    engine = Engine(settings)
     await engine.start()
     try:
         voice = engine.validate(request)
@@ -156,6 +182,11 @@ async def say_to_file(request: SynthesisRequest, output: Path, fmt: AudioFormat)
     finally:
         await engine.stop()
     print(f"wrote {output}: {fmt.name}, {stream.emitted_s:.2f} s at {rate} Hz, voice {voice.id}")
+    if stream.ignored:
+        print(
+            f"rtvoice: warning: ignored in the text's markup: {'; '.join(stream.ignored)}",
+            file=sys.stderr,
+        )
 
 
 def say(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -169,6 +200,10 @@ def say(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error(f"{fmt.name} takes sample rates {', '.join(map(str, fmt.sample_rates))}, not {args.sample_rate}")
     if not args.output.parent.is_dir():
         parser.error(f"{args.output.parent} is not a directory")
+    try:
+        files, lexicon_ids = lexicon_files(args.lexicon)
+    except ValueError as error:
+        parser.error(str(error))
     text = sys.stdin.read() if args.text == "-" else args.text
     logs.configure("warning")
     try:
@@ -179,10 +214,14 @@ def say(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             sample_rate=args.sample_rate,
             normalize=not args.no_normalize,
             text_type=args.input_type,
+            lexicons=lexicon_ids,
         )
-        asyncio.run(say_to_file(request, args.output, fmt))
+        asyncio.run(say_to_file(request, args.output, fmt, files))
     except EngineError as error:
         print(f"rtvoice: {error.message}", file=sys.stderr)
+        sys.exit(2)
+    except ValueError as error:  # a lexicon file that does not read (the engine's start says which)
+        print(f"rtvoice: {error}", file=sys.stderr)
         sys.exit(2)
 
 
@@ -243,6 +282,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "text", "ssml"),
         default="auto",
         help="what the text is: SSML when it starts with <speak (auto, the default), or forced either way",
+    )
+    say_parser.add_argument(
+        "--lexicon",
+        action="append",
+        default=[],
+        metavar="ID_OR_PLS_FILE",
+        help="a pronunciation lexicon to read the text with: a W3C PLS file, or the id of one uploaded to the "
+        "server's data directory (POST /v1/lexicons); repeat for more, first match winning",
     )
     say_parser.set_defaults(parser=say_parser)
     return parser

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 
 from rtvoice.app.errors import HttpError, invalid_value
-from rtvoice.app.fields import InputType, Normalize, Speed
+from rtvoice.app.fields import InputType, LexiconList, Normalize, Speed
 from rtvoice.app.openapi import model_schema
 from rtvoice.app.state import engine_of
 from rtvoice.app.streaming import SpeechResponse, audio_body, stream_headers
@@ -47,6 +47,7 @@ class SftForm(BaseModel):
     seed: int | None = Field(None, description="Makes the voice's random draws reproducible.")
     normalize: Normalize = True
     input_type: InputType = "auto"
+    lexicons: LexiconList = Field(default_factory=list)
 
 
 async def read_form(request: Request) -> tuple[dict[str, str], dict[str, UploadFile]]:
@@ -169,6 +170,7 @@ async def inference_sft(request: Request) -> Response:
             sample_rate=form.sample_rate,
             normalize=form.normalize,
             text_type=form.input_type,
+            lexicons=tuple(form.lexicons),
             names=SFT_NAMES,
         )
     )
@@ -197,6 +199,7 @@ class PromptForm(BaseModel):
     seed: int | None = Field(None, description="Makes sampling and the vocoder's noise reproducible.")
     normalize: Normalize = True
     input_type: InputType = "auto"
+    lexicons: LexiconList = Field(default_factory=list)
 
 
 class ZeroShotForm(PromptForm):
@@ -237,6 +240,7 @@ async def _prompt_route(request: Request, model: type[PromptForm], mode: PromptM
         prompt=VoicePrompt(mode, text=form.prompt_text if isinstance(form, ZeroShotForm) else ""),
         normalize=form.normalize,
         text_type=form.input_type,
+        lexicons=tuple(form.lexicons),
         names=PROMPT_NAMES,
     )
     stream = await engine.open_prompt_stream(speech, lambda: read_upload(files, engine.max_recording_bytes))

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field, WithJsonSchema
 
 from rtvoice.engine.models.base import MAX_SPEED, MIN_SPEED
 
-__all__ = ["MAX_SPEED", "MIN_SPEED", "InputType", "Lexicons", "Normalize", "Speed"]
+__all__ = ["MAX_SPEED", "MIN_SPEED", "InputType", "LexiconList", "Lexicons", "Normalize", "Speed"]
 
 Speed = Annotated[float, Field(ge=MIN_SPEED, le=MAX_SPEED)]
 """A speaking rate (2.0 is twice as fast) in the range every voice's transport accepts; a voice may honour fewer
@@ -32,12 +32,27 @@ InputType = Annotated[
 ]
 """``SynthesisRequest.text_type``: every transport that takes text names it ``input_type``."""
 
-Lexicons = Annotated[
+MAX_LEXICONS = 16
+LEXICONS_DESCRIPTION = (
+    "rtvoice extension: ids of uploaded pronunciation lexicons (POST /v1/lexicons) to read the text with, first "
+    "match winning; the server's own lexicons for the voice's language apply after them."
+)
+
+Lexicons = Annotated[list[str], Field(max_length=MAX_LEXICONS, description=LEXICONS_DESCRIPTION)]
+"""``SynthesisRequest.lexicons``, where a protocol has lists (JSON)."""
+
+
+def _comma_separated(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+LexiconList = Annotated[
     list[str],
-    Field(
-        max_length=16,
-        description="rtvoice extension: ids of uploaded pronunciation lexicons (POST /v1/lexicons) to read the "
-        "text with, first match winning; the server's own lexicons for the voice's language apply after them.",
-    ),
+    BeforeValidator(_comma_separated),
+    Field(max_length=MAX_LEXICONS),
+    WithJsonSchema({"type": "string", "description": f"{LEXICONS_DESCRIPTION} Comma-separated."}),
 ]
-"""``SynthesisRequest.lexicons``."""
+"""``SynthesisRequest.lexicons`` where a protocol's values are strings (a form field, a query parameter, gRPC
+metadata): the ids comma-separated."""

@@ -13,7 +13,8 @@ used), and a speaker is chosen only on multi-speaker voices. Where rtvoice diffe
   noise scales from the voice's config (the engine's synthesis options have no noise knobs);
 - ``speaker``/``speaker_id`` are accepted; rtvoice's Piper voices speak with their default speaker;
 - a missing text is a 400 with rtvoice's error body (Piper's server fails with a 500);
-- extensions: ``seed`` (reproducible output), ``normalize`` (false: the text is read as sent).
+- extensions: ``seed`` (reproducible output), ``normalize`` (false: the text is read as sent), ``input_type``
+  (SSML or plain text, forced) and ``lexicons`` (uploaded pronunciation lexicons).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from rtvoice.app.fields import MAX_SPEED, MIN_SPEED, Normalize
+from rtvoice.app.fields import MAX_SPEED, MIN_SPEED, InputType, Lexicons, Normalize
 from rtvoice.app.json_body import parse_json_body
 from rtvoice.app.openapi import schema_ref
 from rtvoice.app.state import engine_of
@@ -47,6 +48,8 @@ class SynthesizeRequest(BaseModel):
     noise_w_scale: float | None = Field(None, ge=0, description="Accepted; the voice's own applies.")
     seed: int | None = Field(None, description="rtvoice extension: makes the voice's random draws reproducible.")
     normalize: Normalize = True
+    input_type: InputType = "auto"
+    lexicons: Lexicons = Field(default_factory=list)
 
 
 def speed_for(voice: VoiceInfo, length_scale: float | None) -> float:
@@ -85,7 +88,14 @@ async def synthesize(request: Request) -> Response:
     voice = engine.voice_info(piper.voice, unknown_is_default=True)
     options = SynthesisOptions(speed=speed_for(voice, piper.length_scale), seed=piper.seed)
     stream = engine.open_stream(
-        SynthesisRequest(text=piper.text.strip(), voice=voice.id, options=options, normalize=piper.normalize)
+        SynthesisRequest(
+            text=piper.text.strip(),
+            voice=voice.id,
+            options=options,
+            normalize=piper.normalize,
+            text_type=piper.input_type,
+            lexicons=tuple(piper.lexicons),
+        )
     )
     return SpeechResponse(
         audio_body(stream, WavEncoder(stream.sample_rate)), media_type="audio/wav", headers=stream_headers(stream)

@@ -33,13 +33,21 @@ IGNORED_HEADER = "X-SSML-Ignored"
 """What the text's markup asked for that was not done (``SpeechStream.ignored``), ``; ``-separated."""
 
 
+def ignored_value(stream: SpeechStream, charset: str = "latin-1") -> str | None:
+    """``IGNORED_HEADER``'s value for ``stream`` (None when nothing was ignored), in what a header may hold: HTTP's
+    Latin-1, or gRPC metadata's ASCII; what cannot be written there is replaced."""
+    if not stream.ignored:
+        return None
+    return "; ".join(stream.ignored).encode(charset, "replace").decode(charset)
+
+
 def stream_headers(stream: SpeechStream) -> dict[str, str]:
     """The headers every speech response carries: the stream's output rate and the voice that speaks; and what of
     its text's markup was ignored, when anything was (known at once for a whole text)."""
     headers = {"X-Sample-Rate": str(stream.sample_rate), "X-Voice": stream.voice.info.id}
-    if stream.ignored:
-        # Header values are Latin-1: what cannot be written there is replaced.
-        headers[IGNORED_HEADER] = "; ".join(stream.ignored).encode("latin-1", "replace").decode("latin-1")
+    ignored = ignored_value(stream)
+    if ignored is not None:
+        headers[IGNORED_HEADER] = ignored
     return headers
 
 

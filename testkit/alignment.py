@@ -58,6 +58,23 @@ def transcribe(pcm: np.ndarray) -> list[str]:
     return [] if hypothesis is None else str(hypothesis.hypstr).split()
 
 
+def heard_as(pcm: np.ndarray, choices: Sequence[str]) -> str | None:
+    """Which of ``choices`` (each words of PocketSphinx's dictionary, blank-separated: ``"code is m a p"`` against
+    ``"code is map"``) its US English model finds in 16 kHz int16 ``pcm``, searching a grammar of just those; None
+    when it finds none. A choice between readings is evidence where a free transcription of short words is not."""
+    from pocketsphinx import Decoder
+
+    grammar = "#JSGF V1.0;\ngrammar choice;\npublic <choice> = " + " | ".join(f"( {c} )" for c in choices) + " ;\n"
+    decoder = Decoder(samprate=ALIGNER_RATE, lm=None, loglevel="ERROR")
+    decoder.add_jsgf_string("choice", grammar)
+    decoder.activate_search("choice")
+    decoder.start_utt()
+    decoder.process_raw(pcm.astype("<i2").tobytes(), full_utt=True)
+    decoder.end_utt()
+    hypothesis = decoder.hyp()
+    return None if hypothesis is None else str(hypothesis.hypstr)
+
+
 def forced_alignment(pcm: np.ndarray, groups: Sequence[str]) -> list[float]:
     """Start (seconds) of each group of spoken words in 16 kHz int16 ``pcm``, by PocketSphinx's forced alignment."""
     from pocketsphinx import Decoder

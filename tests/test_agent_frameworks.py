@@ -14,6 +14,7 @@ to where an independent forced aligner (PocketSphinx) finds the words in the aud
 from __future__ import annotations
 
 import asyncio
+import re
 import statistics
 from typing import Any
 
@@ -173,6 +174,22 @@ def test_pipecat_cartesia_tts_service(server: Server, reference_s: float, mode: 
     check_word_starts(pcm, [pts / 1e9 for pts in collector.text_pts], relative=True)  # type: ignore[operator]
 
 
+SSML = '<speak>Hello <mark name="a"/>there. How can I <foo>help</foo> you today?<mark name="end"/></speak>'
+"""TEXT as SSML with marks (one after the last word, which comes in a ``timestamps`` message with no words) and an
+element the server ignores (``done`` says so): rtvoice's extensions to Cartesia's messages."""
+
+
+def test_pipecat_cartesia_tts_service_takes_marks_and_ignored_in_stride(server: Server, reference_s: float) -> None:
+    """Pipecat's service errs on unknown message types and needs ``word_timestamps`` in every ``timestamps``
+    message: rtvoice's marks and ``ignored`` ride where it passes over them, and the words are still the text's."""
+    tts = CartesiaTTSService(
+        api_key=API_KEY, url=f"{server.url.replace('http://', 'ws://')}/tts/websocket", sample_rate=16000
+    )
+    collector = Collector()
+    check(asyncio.run(run_pipeline(tts, [TTSSpeakFrame(SSML)], 16000, collector)), 16000, reference_s)
+    assert [text.strip() for text in collector.texts] == WORDS
+
+
 # -- LiveKit Agents --------------------------------------------------------------------------------------------
 
 
@@ -242,3 +259,24 @@ def test_livekit_cartesia_streaming_and_synthesize(server: Server, reference_s: 
     assert [str(timed).strip() for timed in transcript] == WORDS
     assert all(timed.start_time < timed.end_time <= len(streamed) / 2 / 16000 + 0.002 for timed in transcript)
     check_word_starts(streamed, [timed.start_time for timed in transcript])
+
+
+def test_livekit_cartesia_streams_ssml_with_marks(server: Server, reference_s: float) -> None:
+    """LiveKit's cartesia.TTS passes over rtvoice's marks and ``ignored``; its transcript aligns each word with
+    the text it sent (markup and all, as it sent it)."""
+    transcript: list[Any] = []
+
+    async def run() -> bytes:
+        async with aiohttp.ClientSession() as session:
+            tts = livekit_cartesia.TTS(base_url=server.url, api_key=API_KEY, sample_rate=16000, http_session=session)
+            try:
+                stream = tts.stream()
+                for token in SSML.split(" "):
+                    stream.push_text(token + " ")
+                stream.end_input()
+                return await collect(stream, 16000, transcript)
+            finally:
+                await tts.aclose()
+
+    check(asyncio.run(run()), 16000, reference_s)
+    assert [re.sub(r"<[^>]*>", "", str(timed)).strip() for timed in transcript] == WORDS, transcript

@@ -148,3 +148,38 @@ def test_say_help_names_the_default_output_and_formats() -> None:
     for extension in cli.EXTENSION_FORMATS:
         assert extension in text
     assert "'-' reads it from standard input" in text and "--seed" in text
+
+
+POTATO_IPA = "p\u0259t\u02c8e\u026a\u027eo\u028a"
+
+
+def test_say_reads_with_a_lexicon_file_and_warns_of_what_it_ignored(tmp_path: Path) -> None:
+    """``--lexicon`` takes a PLS file (whatever its language: the request names it) or an uploaded lexicon's id;
+    what the text's markup asked for and was not done is a warning on standard error."""
+    lexicon = tmp_path / "potato.pls"
+    lexicon.write_text(
+        '<?xml version="1.0" encoding="UTF-8"?><lexicon version="1.0" '
+        'xmlns="http://www.w3.org/2005/01/pronunciation-lexicon" alphabet="ipa" xml:lang="fr-FR">'
+        f"<lexeme><grapheme>tomato</grapheme><phoneme>{POTATO_IPA}</phoneme></lexeme></lexicon>",
+        encoding="utf-8",
+    )
+    out = tmp_path / "lexicon.pcm"
+    text = "I like tomato soup."
+    result = rtvoice("say", text, "-o", str(out), "--seed", "5", "--lexicon", str(lexicon))
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr
+    samples = np.frombuffer(out.read_bytes(), "<i2")
+    assert same_speech(samples, synthesize(f"I like [[{POTATO_IPA}]] soup.", seed=5))
+    assert not same_speech(samples, synthesize(text, seed=5))
+    ignored = rtvoice("say", '<speak><foo>Hi</foo> <prosody pitch="high">there</prosody>.</speak>', "-o", str(out))
+    assert ignored.returncode == 0, ignored.stderr
+    (line,) = ignored.stderr.strip().splitlines()
+    assert line.startswith("rtvoice: warning:") and line.endswith("<foo>; <prosody pitch>"), line
+    unknown = rtvoice("say", text, "-o", str(out), "--lexicon", "lex_missing")
+    assert unknown.returncode == 2 and "unknown lexicon 'lex_missing'" in unknown.stderr
+    missing = rtvoice("say", text, "-o", str(out), "--lexicon", str(tmp_path / "missing.pls"))
+    assert missing.returncode == 2 and "no lexicon file" in missing.stderr
+    broken = tmp_path / "broken.pls"
+    broken.write_text("<lexicon>", encoding="utf-8")
+    bad = rtvoice("say", text, "-o", str(out), "--lexicon", str(broken))
+    assert bad.returncode == 2 and "broken.pls" in bad.stderr, bad.stderr

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+import httpx
 import numpy as np
 import pytest
 
@@ -93,6 +94,55 @@ def test_errors_are_grpc_statuses(cosyvoice_stubs: Any, grpc_server: tuple[Serve
         error = rpc_error(cosyvoice_stubs, target, **payload)
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "RTVOICE_COSYVOICE_DIR" in error.details()
         assert ("rtvoice-error-code", "model_not_loaded") in tuple(error.trailing_metadata())
+
+
+def sft_call(stubs: Any, target: str, text: str, metadata: tuple[tuple[str, str], ...] = ()) -> tuple[int, Any]:
+    """An sft call with ``metadata``: the samples it sent back, and its trailing metadata."""
+    messages, services = stubs
+    with grpc.insecure_channel(target) as channel:
+        call = services.CosyVoiceStub(channel).Inference(
+            messages.Request(sft_request=messages.sftRequest(tts_text=text)), metadata=metadata
+        )
+        samples = sum(len(response.tts_audio) for response in call) // 2
+        return samples, dict(call.trailing_metadata() or ())
+
+
+def test_ssml_options_are_metadata(cosyvoice_stubs: Any, grpc_server: tuple[Server, str]) -> None:
+    """``x-input-type`` and ``x-lexicons`` (comma-separated) in the call's metadata, what was ignored in the trailing
+    ``x-ssml-ignored``. The proto has no seed, so the audio is judged by its length."""
+    server, target = grpc_server
+    _, trailer = sft_call(cosyvoice_stubs, target, '<speak><foo>Hi</foo> <prosody pitch="high">there</prosody></speak>')
+    assert trailer["x-ssml-ignored"] == "<foo>; <prosody pitch>"
+    assert "x-ssml-ignored" not in sft_call(cosyvoice_stubs, target, "<speak>Hi there.</speak>")[1]
+    long = "The quick brown fox jumps over the lazy dog near the river bank"
+    document = f'<speak><sub alias="Hi.">{long}</sub></speak>'
+    as_ssml, _ = sft_call(cosyvoice_stubs, target, document)
+    as_text, _ = sft_call(cosyvoice_stubs, target, document, (("x-input-type", "text"),))
+    assert as_text > 3 * as_ssml, (as_text, as_ssml)  # the sentence (and the markup) read, not the alias
+    document = pls_document("<lexeme><grapheme>tomato</grapheme><alias>" + long + "</alias></lexeme>")
+    created = httpx.post(f"{server.url}/v1/lexicons", content=document, headers={"Content-Type": "application/pls+xml"})
+    assert created.status_code == 201, created.text
+    lexicon_id = created.json()["id"]
+    try:
+        plain, _ = sft_call(cosyvoice_stubs, target, "Tomato.")
+        read, _ = sft_call(cosyvoice_stubs, target, "Tomato.", (("x-lexicons", f" {lexicon_id} ,{lexicon_id}"),))
+        assert read > 3 * plain, (read, plain)
+    finally:
+        assert httpx.delete(f"{server.url}/v1/lexicons/{lexicon_id}").status_code == 204
+    for metadata, param in (((("x-input-type", "xml"),), "x-input-type"), ((("x-lexicons", "lex_missing"),), None)):
+        with pytest.raises(grpc.RpcError) as caught:
+            sft_call(cosyvoice_stubs, target, "Hi.", metadata)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        code = dict(caught.value.trailing_metadata())["rtvoice-error-code"]
+        assert code == ("invalid_value" if param else "unknown_lexicon") and (param or "") in caught.value.details()
+
+
+def pls_document(lexemes: str) -> bytes:
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?><lexicon version="1.0" '
+        'xmlns="http://www.w3.org/2005/01/pronunciation-lexicon" alphabet="ipa" xml:lang="en-US">'
+        f"{lexemes}</lexicon>"
+    ).encode()
 
 
 def test_a_cancelled_call_frees_its_stream(cosyvoice_stubs: Any, grpc_server: tuple[Server, str]) -> None:

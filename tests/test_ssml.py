@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -19,9 +22,9 @@ import soxr
 import websockets
 
 from rtvoice.engine.arpabet import arpabet_to_ipa
-from testkit.alignment import ALIGNER_RATE, transcribe
+from testkit.alignment import ALIGNER_RATE, heard_as, transcribe
 from testkit.whep_client import WhepPlayer
-from tests.audio import rms, same_speech
+from tests.audio import parse_wav, rms, same_speech
 from tests.conftest import Server
 
 RATE = 24_000
@@ -69,8 +72,12 @@ def speech_s(samples: np.ndarray, rate: int = RATE) -> float:
     return 0.0 if not len(loud) else (loud[-1] - loud[0] + 1) * FRAME_S
 
 
+def to_aligner(samples: np.ndarray, rate: int = RATE) -> np.ndarray:
+    return soxr.resample(samples, rate, ALIGNER_RATE).astype(np.int16)
+
+
 def heard(samples: np.ndarray, rate: int = RATE) -> list[str]:
-    return transcribe(soxr.resample(samples, rate, ALIGNER_RATE).astype(np.int16))
+    return transcribe(to_aligner(samples, rate))
 
 
 # -- OpenAI's route: audio ----------------------------------------------------------------------------------------
@@ -158,6 +165,20 @@ def pls(*entries: str, language: str = "en-US") -> bytes:
     ).encode()
 
 
+@contextmanager
+def uploaded_lexicon(server: Server) -> Iterator[str]:
+    """A lexicon that reads "tomato" as "potato", uploaded for the block; its id."""
+    document = pls(f"<lexeme><grapheme>tomato</grapheme><phoneme>{POTATO_IPA}</phoneme></lexeme>")
+    created = httpx.post(
+        f"{server.url}/v1/lexicons?name=potato", content=document, headers={"Content-Type": "application/pls+xml"}
+    )
+    assert created.status_code == 201, created.text
+    try:
+        yield created.json()["id"]
+    finally:
+        assert httpx.delete(f"{server.url}/v1/lexicons/{created.json()['id']}").status_code == 204
+
+
 def test_a_lexicon_changes_the_phonemes_the_voice_gets(server: Server) -> None:
     document = pls(
         f"<lexeme><grapheme>tomato</grapheme><phoneme>{POTATO_IPA}</phoneme></lexeme>",
@@ -188,6 +209,63 @@ def test_a_lexicon_changes_the_phonemes_the_voice_gets(server: Server) -> None:
     finally:
         assert httpx.delete(f"{server.url}/v1/lexicons/{lexicon['id']}").status_code == 204
     assert httpx.get(f"{server.url}/v1/lexicons/{lexicon['id']}").status_code == 404
+
+
+def test_input_type_and_lexicons_on_piper_cartesia_bytes_and_cosyvoice_forms(server: Server) -> None:
+    """``input_type`` and ``lexicons`` are fields of Piper's JSON, Cartesia's ``/tts/bytes`` JSON and CosyVoice's
+    forms (``lexicons`` comma-separated there), judged by the audio; ``/tts/bytes`` says what was ignored."""
+    alias = 'Ask <sub alias="World Wide Web">WWW</sub> now.'
+
+    def piper(**fields: Any) -> np.ndarray:
+        response = httpx.post(f"{server.url}/synthesize", json={"seed": 3, **fields}, timeout=60)
+        assert response.status_code == 200, response.text
+        return parse_wav(response.content)[1]
+
+    def cartesia(transcript: str, **fields: Any) -> httpx.Response:
+        body = json.loads(cartesia_request(transcript, **fields))
+        return httpx.post(f"{server.url}/tts/bytes", json=body, timeout=60)
+
+    def form(**fields: str) -> httpx.Response:
+        return httpx.post(f"{server.url}/inference_sft", data={"format": "pcm", "seed": "2", **fields}, timeout=60)
+
+    def form_pcm(**fields: str) -> np.ndarray:
+        response = form(**fields)
+        assert response.status_code == 200, response.text
+        return np.frombuffer(response.content, "<i2")
+
+    spelled_out = piper(text=ALIAS_SPOKEN)
+    assert same_speech(piper(text=alias, input_type="ssml"), spelled_out)
+    assert not same_speech(piper(text=alias), spelled_out)
+    forced = cartesia(alias, input_type="ssml")
+    assert forced.status_code == 200, forced.text
+    assert same_speech(np.frombuffer(forced.content, "<i2"), np.frombuffer(cartesia(ALIAS_SPOKEN).content, "<i2"))
+    assert cartesia("<speak>Hi <foo>there</foo>.</speak>").headers["x-ssml-ignored"] == "<foo>"
+    assert "x-ssml-ignored" not in cartesia("<speak>Hi there.</speak>").headers
+    assert same_speech(form_pcm(tts_text=alias, input_type="ssml"), form_pcm(tts_text=ALIAS_SPOKEN))
+    text, phonemes = "I like tomato soup.", f"I like [[{POTATO_IPA}]] soup."
+    with uploaded_lexicon(server) as lexicon_id:
+        with_lexicon = piper(text=text, lexicons=[lexicon_id])
+        assert same_speech(with_lexicon, piper(text=phonemes))
+        assert not same_speech(with_lexicon, piper(text=text))
+        by_form = form_pcm(tts_text=text, lexicons=f"{lexicon_id}, {lexicon_id}")
+        assert same_speech(by_form, form_pcm(tts_text=phonemes))
+        assert not same_speech(by_form, form_pcm(tts_text=text))
+        by_query = httpx.post(
+            f"{server.url}/inference_sft?lexicons={lexicon_id}", data={"tts_text": text, "format": "pcm", "seed": "2"}
+        )
+        assert same_speech(np.frombuffer(by_query.content, "<i2"), by_form)
+    for response in (
+        httpx.post(f"{server.url}/synthesize", json={"text": text, "lexicons": ["lex_missing"]}),
+        cartesia(text, lexicons=["lex_missing"]),
+        form(tts_text=text, lexicons="lex_missing"),
+    ):
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "unknown_lexicon" and response.json()["error"]["param"] == "lexicons"
+    bad_type = form(tts_text=text, input_type="xml")
+    assert bad_type.status_code == 400 and bad_type.json()["error"]["param"] == "input_type"
+
+
+ALIAS_SPOKEN = "Ask World Wide Web now."
 
 
 def test_ssml_phonemes_in_ipa_and_arpabet_reach_the_voice(server: Server) -> None:
@@ -306,39 +384,105 @@ def test_websocket_ssml_in_pieces_breaks_and_marks(server: Server) -> None:
     assert after[-1]["type"] == "done" and after[-1]["audio_s"] > 0.3
 
 
+def test_websocket_flush_after_an_ssml_error_ends_the_failed_utterance_quietly(server: Server) -> None:
+    """SSML that does not read as it arrives: the error, and the client's ``flush`` that ends that utterance gets
+    nothing more; the next text is a new utterance; a flush with nothing pending is then ``empty_input``, as on a
+    fresh connection."""
+
+    async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+        url = server.url.replace("http://", "ws://") + "/v1/tts/stream"
+        async with websockets.connect(url, max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", "sample_rate": RATE}))
+            assert json.loads(await ws.recv())["type"] == "started"
+            await ws.send(json.dumps({"type": "text", "text": "<speak>Bad </p> here"}))
+            failed, _ = await ws_utterance(ws)
+            await ws.send(json.dumps({"type": "flush"}))
+            await ws.send(json.dumps({"type": "text", "text": "Still here."}))
+            await ws.send(json.dumps({"type": "flush"}))
+            after, _ = await ws_utterance(ws)
+            await ws.send(json.dumps({"type": "flush"}))
+            empty, _ = await ws_utterance(ws)
+        async with websockets.connect(url, max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", "sample_rate": RATE}))
+            assert json.loads(await ws.recv())["type"] == "started"
+            await ws.send(json.dumps({"type": "flush"}))
+            fresh, _ = await ws_utterance(ws)
+        return failed, after, empty, fresh[-1]
+
+    failed, after, empty, fresh = asyncio.run(run())
+    assert [e["type"] for e in failed] == ["error"] and failed[0]["code"] == "invalid_ssml"
+    assert not [e for e in after if e["type"] == "error"], after
+    assert after[-1]["type"] == "done" and after[-1]["utterance"] == 1 and after[-1]["audio_s"] > 0.3
+    assert [(e["type"], e["code"]) for e in empty] == [("error", "empty_input")] == [(fresh["type"], fresh["code"])]
+
+
 # -- Cartesia's WebSocket: its inline tags, as Pipecat's Cartesia service sends them ------------------------------
 
 
-def cartesia_context(server: Server, transcripts: list[str]) -> np.ndarray:
-    async def run() -> np.ndarray:
-        url = server.url.replace("http://", "ws://") + "/tts/websocket?cartesia_version=2025-04-16"
-        async with websockets.connect(url, max_size=None) as ws:
+CARTESIA_URL = "/tts/websocket?cartesia_version=2025-04-16"
+
+
+def cartesia_request(transcript: str, last: bool = True, context_id: str = "c", **fields: Any) -> str:
+    """A generation request as Pipecat's Cartesia service sends it (with word timestamps)."""
+    return json.dumps(
+        {
+            "model_id": "sonic-3",
+            "transcript": transcript,
+            "voice": {"mode": "id", "id": "a0e99841-438c-4a64-b679-ae501e7d6091"},
+            "output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": RATE},
+            "language": "en",
+            "context_id": context_id,
+            "continue": not last,
+            "add_timestamps": True,
+            "seed": 5,
+            **fields,
+        }
+    )
+
+
+async def cartesia_until_done(ws: Any, context_id: str = "c") -> list[dict[str, Any]]:
+    """A context's messages, up to its ``done`` or ``error``."""
+    messages: list[dict[str, Any]] = []
+    while True:
+        message = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        if message["context_id"] != context_id:
+            continue
+        messages.append(message)
+        if message["type"] in ("done", "error"):
+            return messages
+
+
+def cartesia_messages(server: Server, transcripts: list[str], **fields: Any) -> list[dict[str, Any]]:
+    """One context's messages for ``transcripts`` sent one after another (continuations)."""
+
+    async def run() -> list[dict[str, Any]]:
+        async with websockets.connect(server.url.replace("http://", "ws://") + CARTESIA_URL, max_size=None) as ws:
             for index, transcript in enumerate(transcripts):
-                await ws.send(
-                    json.dumps(
-                        {
-                            "model_id": "sonic-3",
-                            "transcript": transcript,
-                            "voice": {"mode": "id", "id": "a0e99841-438c-4a64-b679-ae501e7d6091"},
-                            "output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": RATE},
-                            "language": "en",
-                            "context_id": "c",
-                            "continue": index < len(transcripts) - 1,
-                            "max_buffer_delay_ms": 0,
-                            "seed": 5,
-                        }
-                    )
-                )
-            chunks: list[bytes] = []
-            while True:
-                message = json.loads(await asyncio.wait_for(ws.recv(), 30))
-                assert message["type"] != "error", message
-                if message["type"] == "chunk":
-                    chunks.append(base64.b64decode(message["data"]))
-                if message["type"] == "done":
-                    return np.frombuffer(b"".join(chunks), dtype="<i2")
+                await ws.send(cartesia_request(transcript, last=index == len(transcripts) - 1, **fields))
+            messages = await cartesia_until_done(ws)
+            assert messages[-1]["type"] == "done", messages[-1]
+            return messages
 
     return asyncio.run(run())
+
+
+def cartesia_pcm(messages: list[dict[str, Any]]) -> np.ndarray:
+    return np.frombuffer(b"".join(base64.b64decode(m["data"]) for m in messages if m["type"] == "chunk"), "<i2")
+
+
+def cartesia_context(server: Server, transcripts: list[str], **fields: Any) -> np.ndarray:
+    return cartesia_pcm(cartesia_messages(server, transcripts, max_buffer_delay_ms=0, **fields))
+
+
+def cartesia_words(messages: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
+    return [
+        word
+        for m in messages
+        if m["type"] == "timestamps"
+        for word in zip(
+            m["word_timestamps"]["words"], m["word_timestamps"]["start"], m["word_timestamps"]["end"], strict=True
+        )
+    ]
 
 
 def test_cartesia_tags_pause_speed_level_and_spell(server: Server) -> None:
@@ -355,6 +499,124 @@ def test_cartesia_tags_pause_speed_level_and_spell(server: Server) -> None:
     assert rms(quieter.astype(np.float32)) / rms(normal.astype(np.float32)) == pytest.approx(0.5, rel=0.05)
     spelled = cartesia_context(server, ["Your code is <spell>ABC</spell>."])
     assert same_speech(spelled, cartesia_context(server, ["Your code is eigh bee see."]))
+
+
+def test_cartesia_timestamps_are_the_clients_words_without_markup(server: Server) -> None:
+    """A word is the client's own token, markup never part of it: a <sub> is its element's text, a <spell>'s
+    letters are a word each, an inline break splits nothing; whole or token by token, tags split anywhere."""
+    doc = '<speak>Ask <sub alias="World Wide Web">WWW</sub> today. Then <foo>listen</foo> carefully.</speak>'
+    cases = {
+        "ssml": ([doc], ["Ask", "WWW", "today.", "Then", "listen", "carefully."]),
+        "ssml, token by token": (re.findall(r"\S+\s*", doc), ["Ask", "WWW", "today.", "Then", "listen", "carefully."]),
+        "ssml, in threes": ([doc[i : i + 3] for i in range(0, len(doc), 3)], None),
+        "inline break": (
+            ["The first part is done.<bre", 'ak time="1200ms"/>', "The second part starts now."],
+            ["The", "first", "part", "is", "done.", "The", "second", "part", "starts", "now."],
+        ),
+        "spell": (["Your code is <spell>ABC</spell>. Done."], ["Your", "code", "is", "A", "B", "C", "Done."]),
+        "spell, token by token": (
+            ["Your ", "code ", "is <sp", "ell>A", "BC</sp", "ell>. ", "Done."],
+            ["Your", "code", "is", "A", "B", "C", "Done."],
+        ),
+    }
+    for name, (transcripts, expected) in cases.items():
+        messages = cartesia_messages(server, transcripts)
+        words = [word for word, _, _ in cartesia_words(messages)]
+        assert not [w for w in words if set(w) & set('<>=/"')], (name, words)
+        if expected is not None:
+            assert words == expected, (name, words)
+        else:  # split inside words: a word's punctuation in another transcript is not its token's
+            assert [w.strip(".") for w in words] == ["Ask", "WWW", "today", "Then", "listen", "carefully"], words
+        done = messages[-1]
+        assert done["type"] == "done"
+        if "ssml" in name:  # what the markup asked for and was not done, in the extension field of ``done``
+            assert done["ignored"] == ["<foo>"], done
+        else:
+            assert "ignored" not in done
+
+
+def test_cartesia_marks_ride_on_timestamps_messages(server: Server) -> None:
+    """A mark is in ``marks`` of the ``timestamps`` message before the chunk that holds it, inside its word; a
+    mark after the last word comes in a ``timestamps`` message of its own, with empty word lists."""
+    doc = '<speak>Then <mark name="here"/>listen carefully.<mark name="end"/></speak>'
+    pieces = ["<speak>Then <ma", 'rk name="here"/>listen ', 'carefully.<mark name="end"/>', "</speak>"]
+    for transcripts in ([doc], pieces):
+        messages = cartesia_messages(server, transcripts)
+        words = cartesia_words(messages)
+        marks = [(m, mark) for m in messages if m["type"] == "timestamps" for mark in m.get("marks", [])]
+        assert [mark["name"] for _, mark in marks] == ["here", "end"], marks
+        (_, here), (last, end) = marks
+        assert here["char_start"] == doc.index('<mark name="here"/>')
+        _, listen_start, listen_end = words[1]
+        assert words[1][0] == "listen" and listen_start <= here["start_s"] <= listen_end
+        assert last["word_timestamps"] == {"words": [], "start": [], "end": []}
+        assert end["start_s"] >= words[-1][2] - 0.05 and end["char_start"] == doc.index('<mark name="end"/>')
+        sent_s = 0.0
+        for message in messages:  # each mark is sent before the audio that holds it
+            if message["type"] == "chunk":
+                sent_s += len(base64.b64decode(message["data"])) / 2 / RATE
+            for mark in message.get("marks", []):
+                assert sent_s <= mark["start_s"] + 0.02, (mark, sent_s)
+
+
+def test_cartesia_prosody_rate_and_a_lexicon(server: Server) -> None:
+    """On the Cartesia WebSocket too: ``slow`` is at least 15% longer, ``150%`` 20 to 45% shorter; a lexicon named
+    in ``lexicons`` changes the phonemes the voice gets; ``input_type`` forces SSML."""
+    sentence = "The quick brown fox jumps over the lazy dog near the river bank."
+    normal = speech_s(cartesia_context(server, [sentence]))
+    slow = speech_s(cartesia_context(server, [f'<speak><prosody rate="slow">{sentence}</prosody></speak>']))
+    fast = speech_s(cartesia_context(server, ["<speak>", f'<prosody rate="150%">{sentence}', "</prosody></speak>"]))
+    assert slow >= 1.15 * normal, (slow, normal)
+    assert 0.55 * normal <= fast <= 0.8 * normal, (fast, normal)
+    forced = cartesia_context(server, [f'<prosody rate="slow">{sentence}</prosody>'], input_type="ssml")
+    assert speech_s(forced) >= 1.15 * normal
+    with uploaded_lexicon(server) as lexicon_id:
+        text = "I like tomato soup."
+        with_lexicon = cartesia_context(server, [text], lexicons=[lexicon_id])
+        assert same_speech(with_lexicon, cartesia_context(server, [f"I like [[{POTATO_IPA}]] soup."]))
+        assert not same_speech(with_lexicon, cartesia_context(server, [text]))
+        tts_bytes = httpx.post(
+            f"{server.url}/tts/bytes",
+            json=json.loads(cartesia_request(text, lexicons=[lexicon_id])),
+            timeout=60,
+        )
+        assert tts_bytes.status_code == 200, tts_bytes.text
+        assert same_speech(np.frombuffer(tts_bytes.content, "<i2"), with_lexicon)
+
+
+def test_cartesia_hostile_xml_is_an_error_and_the_socket_lives_on(server: Server) -> None:
+    """Billion laughs, an external entity and deep nesting: an ``error`` for their context within 2 s; the same
+    socket then speaks a new context, and the server stays ready."""
+
+    async def run() -> None:
+        async with websockets.connect(server.url.replace("http://", "ws://") + CARTESIA_URL, max_size=None) as ws:
+            for name in ("billion laughs", "external entity", "deep nesting"):
+                started = time.monotonic()
+                await ws.send(cartesia_request(HOSTILE[name], context_id=name))
+                (error,) = await cartesia_until_done(ws, name)
+                assert time.monotonic() - started < 2.0, name
+                assert error["type"] == "error" and error["error_code"] == "invalid_ssml", (name, error)
+                assert error["status_code"] == 400 and error["done"] is True
+                assert httpx.get(f"{server.url}/readyz").status_code == 200
+                await ws.send(cartesia_request("Still speaking.", context_id="after"))
+                after = await cartesia_until_done(ws, "after")
+                assert after[-1]["type"] == "done" and len(cartesia_pcm(after)) > RATE // 2, name
+
+    asyncio.run(run())
+
+
+def test_spelled_letters_are_heard_as_letters(server: Server) -> None:
+    """The recogniser, choosing between the word and its letters, hears the letters for <say-as
+    interpret-as="characters"> (OpenAI's route) and Cartesia's <spell> (its WebSocket), and the word without."""
+    for word in ("map", "kid", "dog"):
+        choices = [f"your code is {word}", f"your code is {' '.join(word)}"]
+        said = pcm(server, f"Your code is {word}.")
+        say_as = pcm(server, f'<speak>Your code is <say-as interpret-as="characters">{word}</say-as>.</speak>')
+        spelled = cartesia_context(server, [f"Your code is <spell>{word.upper()}</spell>."])
+        assert heard_as(to_aligner(said), choices) == choices[0], word
+        assert heard_as(to_aligner(say_as), choices) == choices[1], word
+        assert heard_as(to_aligner(spelled), choices) == choices[1], word
+        assert not set(heard(spelled)) & (MARKUP_WORDS | {"spell"})
 
 
 # -- WHEP's DataChannel -------------------------------------------------------------------------------------------
@@ -379,6 +641,31 @@ def test_whep_datachannel_marks_and_a_leading_break(server: Server) -> None:
             player.send({"type": "tts_request", "text": "<speak>Broken <s>text</speak>", "request_id": "b"})
             error = await player.event("error", start=start, timeout=10)
             assert error["code"] == "invalid_ssml" and error["param"] == "text", error
+        finally:
+            await player.close()
+
+    asyncio.run(main())
+
+
+def test_whep_done_says_what_was_ignored(server: Server) -> None:
+    """``done`` carries ``ignored`` for a DataChannel request and for a ``/speak`` one (its events go to every
+    channel), and leaves it out when nothing was."""
+
+    async def main() -> None:
+        player = await WhepPlayer(server.url).start()
+        try:
+            player.send({"type": "tts_request", "text": "<speak>Hello <foo>there</foo>.</speak>", "request_id": "d"})
+            assert (await player.event("done", "d"))["ignored"] == ["<foo>"]
+            async with httpx.AsyncClient() as http:
+                spoken = await http.post(
+                    f"{player.session_url}/speak",
+                    json={"text": '<speak><prosody pitch="high">Hi</prosody> there.</speak>', "request_id": "s"},
+                    headers=player.headers,
+                )
+            assert spoken.status_code == 202, spoken.text
+            assert (await player.event("done", "s"))["ignored"] == ["<prosody pitch>"]
+            player.send({"type": "tts_request", "text": "<speak>Nothing to ignore.</speak>", "request_id": "p"})
+            assert "ignored" not in await player.event("done", "p")
         finally:
             await player.close()
 

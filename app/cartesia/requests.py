@@ -2,8 +2,9 @@
 
 ``api_key``/``X-API-Key`` and ``cartesia_version``/``Cartesia-Version`` are accepted and not checked (rtvoice has no
 API keys); ``model_id``, ``language`` and the voice controls other than ``generation_config.speed`` are accepted and
-ignored. Extensions: ``seed`` (reproducible output), ``normalize`` (false: the text is read as sent). A Cartesia
-voice id (a UUID) that names no rtvoice voice speaks with the default voice.
+ignored. Extensions: ``seed`` (reproducible output), ``normalize`` (false: the text is read as sent), ``input_type``
+(SSML or plain text, forced) and ``lexicons`` (uploaded pronunciation lexicons); on the WebSocket, a context's first
+request fixes them. A Cartesia voice id (a UUID) that names no rtvoice voice speaks with the default voice.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rtvoice.app.fields import Normalize, Speed
+from rtvoice.app.fields import InputType, Lexicons, Normalize, Speed
 from rtvoice.engine.audio.encoding import Encoder, PcmEncoder, PcmF32Encoder, WavEncoder, create_encoder
 from rtvoice.engine.errors import InvalidRequest
 from rtvoice.engine.models.base import SynthesisOptions
@@ -63,6 +64,8 @@ class SpeechRequest(BaseModel):
     generation_config: GenerationConfig = Field(default_factory=GenerationConfig)
     seed: int | None = Field(None, description="rtvoice extension: makes the voice's random draws reproducible.")
     normalize: Normalize = True
+    input_type: InputType = "auto"
+    lexicons: Lexicons = Field(default_factory=list)
 
 
 class GenerationRequest(SpeechRequest):
@@ -97,6 +100,8 @@ def synthesis_request(request: SpeechRequest, text: str | None) -> SynthesisRequ
         sample_rate=request.output_format.sample_rate,
         unknown_voice_is_default=bool(voice and CARTESIA_VOICE_ID.match(voice)),
         normalize=request.normalize,
+        text_type=request.input_type,
+        lexicons=tuple(request.lexicons),
         inline_tags="cartesia",  # Pipecat's Cartesia service puts Cartesia's tags into plain transcripts
         names=NAMES,
     )

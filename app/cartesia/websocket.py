@@ -43,7 +43,7 @@ from rtvoice.app.websocket.io import Gone, SocketWriter, json_of, receive_loop, 
 from rtvoice.engine.audio.encoding import Encoder
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, InvalidRequest
-from rtvoice.engine.stream import AudioChunk, SegmentDone, SpeechStream, StreamState, WordTiming
+from rtvoice.engine.stream import AudioChunk, MarkTiming, SegmentDone, SpeechStream, StreamState, WordTiming
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +240,8 @@ class ContextSender:
         self.writer = connection.writer
         self.words: list[tuple[str, float, float]] = []
         """Words to send with the next chunk: token, start, end."""
+        self.marks: list[MarkTiming] = []
+        """SSML marks to send with the next chunk."""
         self.token_end = 0
         """Where the last word's token ends in the transcript."""
 
@@ -266,7 +268,7 @@ class ContextSender:
             context.segments_sent = len(context.stream.segments)
             await self.connection.send_due_flushes(context)
             self.connection.forget(context)  # the id is free for a new context from here on
-            await self.writer.send_json(done_message(context.id))
+            await self.writer.send_json(done_message(context.id, context.stream.ignored))
         except Gone:
             context.stream.cancel()
         except Exception:
@@ -275,13 +277,17 @@ class ContextSender:
             await self.writer.close(CLOSE_INTERNAL_ERROR, INTERNAL_ERROR)
 
     async def on_event(self, event: object) -> None:
-        """One stream event as Cartesia's messages: words (when the context asked for ``add_timestamps``) wait for
-        the chunk that holds their starts and go in one ``timestamps`` message just before it."""
+        """One stream event as Cartesia's messages: words and marks (when the context asked for
+        ``add_timestamps``) wait for the chunk that holds their starts and go in one ``timestamps`` message just
+        before it."""
         context = self.context
         if isinstance(event, WordTiming):
             if context.add_timestamps:
                 token, self.token_end = client_token(context.stream.text, context.transcripts_at, event, self.token_end)
                 self.words.append((token, event.start_s, event.end_s))
+        elif isinstance(event, MarkTiming):
+            if context.add_timestamps:
+                self.marks.append(event)
         elif isinstance(event, AudioChunk):
             data = context.encoder.encode(event.pcm)
             if data:
@@ -292,10 +298,10 @@ class ContextSender:
             await self.connection.send_due_flushes(context)
 
     async def send_words(self) -> None:
-        if self.words:
-            tokens, starts, ends = zip(*self.words, strict=True)
-            self.words = []
-            await self.writer.send_json(timestamps_message(self.context.id, tokens, starts, ends))
+        if self.words or self.marks:
+            tokens, starts, ends = zip(*self.words, strict=True) if self.words else ((), (), ())
+            marks, self.words, self.marks = self.marks, [], []
+            await self.writer.send_json(timestamps_message(self.context.id, tokens, starts, ends, marks))
 
 
 @router.websocket(WEBSOCKET_PATH)

@@ -43,6 +43,9 @@ class Connection:
         """What ``start`` set: every utterance's request, but for its text."""
         self.ending = False
         """The client sent ``end``."""
+        self.unreadable = False
+        """The utterance taking text was dropped because its markup does not read (the client got the error): the
+        ``flush`` that ends it ends nothing more, and text after it opens a new utterance."""
         self.writer = SocketWriter(websocket)
         self.utterances = Utterances()
         self.sender = Sender(self.writer, self.utterances)
@@ -101,9 +104,14 @@ class Connection:
         if not fragment:
             return
         utterance = self.utterances.open or self._open_utterance()
+        self.unreadable = False
         # input_too_long past the limit: this fragment is dropped; SSML that does not read: the utterance too.
         with self._unreadable_drops(utterance):
-            utterance.stream.push_text(fragment)
+            try:
+                utterance.stream.push_text(fragment)
+            except InvalidRequest as error:
+                self.unreadable = error.code == "invalid_ssml"
+                raise
         utterance.mark_text()
 
     @contextmanager
@@ -129,6 +137,9 @@ class Connection:
         if self.config is None:
             raise InvalidRequest("send 'start' before 'flush'", code="not_started")
         utterance = self.utterances.open
+        if utterance is None and self.unreadable:  # it ended with its error; this flush was its end
+            self.unreadable = False
+            return
         if utterance is None or not utterance.stream.speakable:
             if utterance is not None:
                 self.utterances.drop(utterance)
@@ -141,6 +152,7 @@ class Connection:
     async def _on_cancel(self) -> None:
         stopped = self.utterances.live()
         self.utterances.drop_all()
+        self.unreadable = False
         # Stop the sender where it is (at most the frame already written goes out), then start a fresh one.
         await self.sender.stop()
         if self.writer.closed:

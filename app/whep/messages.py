@@ -6,8 +6,9 @@ Client to server::
     {"type": "cancel"}
 
 ``speaker_id`` may also be spelled ``voice``; it, ``request_id`` and ``speed`` are optional.
-Server to client: ``accepted``, ``audio_start``, ``word``, ``done``, ``cancelled`` and ``error`` events (see
-``events``), each a JSON object with a ``type``.
+Server to client: ``accepted``, ``audio_start``, ``word``, ``mark``, ``done`` (with ``ignored`` when the text's
+markup asked for something that was not done), ``cancelled`` and ``error`` events (see ``event``), each a JSON
+object with a ``type``.
 """
 
 from __future__ import annotations

@@ -261,7 +261,9 @@ class PlaybackQueue:
             self._pending.remove(utterance)
         if utterance.state in ("queued", "speaking"):
             utterance.state = "done"
-            self._send(utterance, "done", audio_s=round(utterance.frames * FRAME_S, 3))
+            # ``ignored`` (left out when empty): what the utterance's markup asked for that was not done.
+            ignored = utterance.stream.ignored if utterance.stream is not None else []
+            self._send(utterance, "done", audio_s=round(utterance.frames * FRAME_S, 3), ignored=ignored or None)
             self._outcome("done")
 
     def _send(self, utterance: QueuedUtterance, kind: str, **fields: object) -> None:
