@@ -191,6 +191,8 @@ async def delete_session(session: Session) -> Response:
                             "request_id": {"type": "string"},
                             "speed": {"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED},
                             "normalize": {"type": "boolean", "default": True},
+                            "input_type": {"type": "string", "enum": ["auto", "ssml", "text"], "default": "auto"},
+                            "lexicons": {"type": "array", "items": {"type": "string"}},
                         },
                     }
                 }
