@@ -507,7 +507,10 @@ def bench_estimator(
 # -- 4. engine --------------------------------------------------------------------------------------
 
 
-async def run_level(service: Any, voice: Any, n: int, batched: bool, runner_threads: int) -> dict[str, Any]:
+async def run_level(
+    service: Any, voice: Any, n: int, batched: bool, runner_threads: int, budget_s: float = math.inf
+) -> dict[str, Any]:
+    """``n`` concurrent streams through the engine; past ``budget_s`` the level stops and reports what it made."""
     from rtvoice.engine.engine import Engine
     from rtvoice.engine.settings import EngineSettings
     from rtvoice.engine.voices import VoiceRegistry
@@ -525,36 +528,44 @@ async def run_level(service: Any, voice: Any, n: int, batched: bool, runner_thre
     engine = Engine(settings, voices=registry)
     await engine.start()
     try:
+        firsts: dict[int, float] = {}
+        samples: dict[int, int] = {}
 
-        async def one(seed: int) -> tuple[float, float, int]:
+        async def one(seed: int) -> None:
             start = time.perf_counter()
             stream = engine.open_stream(
                 SynthesisRequest(text=TEXT, voice=voice.info.id, options=SynthesisOptions(seed=seed))
             )
-            first = None
-            samples = 0
-            async for pcm in stream.audio():
-                if first is None:
-                    first = time.perf_counter() - start
-                samples += len(pcm)
-            return first or math.nan, time.perf_counter() - start, samples
+            samples[seed] = 0
+            try:
+                async for pcm in stream.audio():
+                    firsts.setdefault(seed, time.perf_counter() - start)
+                    samples[seed] += len(pcm)
+            finally:
+                stream.cancel()
 
         start = time.perf_counter()
-        done = await asyncio.gather(*(one(i) for i in range(n)))
+        timed_out = False
+        try:
+            await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), budget_s)
+        except TimeoutError:
+            timed_out = True
         wall = time.perf_counter() - start
         sizes = [len(d.stream_ids) for d in engine.scheduler.decisions if d.kind == "lm"]
     finally:
         await engine.stop()
-    firsts = sorted(d[0] for d in done)
-    audio_s = sum(d[2] for d in done) / service.sample_rate
+    # A stream with no audio by the end counts as waiting the whole level.
+    waits = sorted(firsts.get(i, wall) for i in range(n))
+    audio_s = sum(samples.values()) / service.sample_rate
     return {
         "streams": n,
-        "mode": "batched" if batched else "one at a time",
-        "first_p50_ms": 1e3 * pct(firsts, 50),
-        "first_p95_ms": 1e3 * pct(firsts, 95),
+        "mode": ("batched" if batched else "one at a time")
+        + (f" (stopped at its {budget_s:.0f} s)" if timed_out else ""),
+        "first_p50_ms": 1e3 * pct(waits, 50),
+        "first_p95_ms": 1e3 * pct(waits, 95),
         "wall_s": wall,
         "audio_s": audio_s,
-        "rtf": wall / audio_s,
+        "rtf": wall / audio_s if audio_s else math.inf,
         "mean_lm_batch": statistics.mean(sizes) if sizes else 0.0,
     }
 
@@ -568,32 +579,40 @@ def pct(values: list[float], q: float) -> float:
 
 
 def bench_engine(
-    service: Any, voice: Any, levels: list[int], runner_threads: int, budget: Budget, results: dict[str, Any]
+    service: Any,
+    voice: Any,
+    levels: list[int],
+    runner_threads: int,
+    budget: Budget,
+    results: dict[str, Any],
+    serial: bool = True,
 ) -> None:
     rows = []
     single_s = None
-    for n in levels:
-        for batched in (True, False):
-            # one at a time costs about n x one stream: skip what cannot finish within the budget
-            need = (single_s or 0) * (n if not batched else max(1, n / 4)) * 1.2
-            if budget.left < need:
-                rows.append([n, "batched" if batched else "one at a time", "skipped (budget)", "", "", "", ""])
-                continue
-            r = asyncio.run(run_level(service, voice, n, batched, runner_threads))
-            if n == 1 and batched:
-                single_s = r["wall_s"]
-            results.setdefault("engine", []).append(r)
-            rows.append(
-                [
-                    n,
-                    r["mode"],
-                    r["first_p50_ms"],
-                    r["first_p95_ms"],
-                    r["rtf"],
-                    r["audio_s"] / r["wall_s"],
-                    r["mean_lm_batch"],
-                ]
-            )
+    # Each level gets its own share of what is left, so a slow level cannot starve the next.
+    runs = [(n, batched) for n in levels for batched in (True, False) if batched or serial]
+    for index, (n, batched) in enumerate(runs):
+        share_s = budget.left / (len(runs) - index)
+        # one at a time costs about n x one stream: skip what cannot finish within the budget
+        need = (single_s or 0) * (n if not batched else max(1, n / 4)) * 1.2
+        if budget.left < need or share_s <= 0:
+            rows.append([n, "batched" if batched else "one at a time", "skipped (budget)", "", "", "", ""])
+            continue
+        r = asyncio.run(run_level(service, voice, n, batched, runner_threads, share_s))
+        if n == 1 and batched:
+            single_s = r["wall_s"]
+        results.setdefault("engine", []).append(r)
+        rows.append(
+            [
+                n,
+                r["mode"],
+                r["first_p50_ms"],
+                r["first_p95_ms"],
+                r["rtf"],
+                r["audio_s"] / r["wall_s"],
+                r["mean_lm_batch"],
+            ]
+        )
     table(
         "Engine: concurrent streams, each forced to the same tokens; first-chunk latency and aggregate RTF",
         ["streams", "scheduler", "first chunk p50 ms", "p95 ms", "RTF (wall/audio)", "audio s per s", "mean LM batch"],
@@ -618,6 +637,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=float(os.environ.get("RTVOICE_BENCH_BUDGET_S", 440)))
     parser.add_argument("--trt-opt-level", type=int, default=None, help="TensorRT builder optimisation level")
     parser.add_argument("--skip", nargs="*", default=[], choices=["lm", "token2wav", "estimator", "engine"])
+    parser.add_argument(
+        "--no-serial", action="store_true", help="engine levels batched only, not also one request at a time"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     budget = Budget(args.budget_s)
@@ -691,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"token2wav batches up to {service.token2wav_batch}, {args.runner_threads} runner threads"
             )
             service.warmup()
-            bench_engine(service, voice, levels, args.runner_threads, budget, results)
+            bench_engine(service, voice, levels, args.runner_threads, budget, results, serial=not args.no_serial)
     finally:
         if args.json:
             args.json.write_text(json.dumps(results, indent=1, default=str))

@@ -110,6 +110,9 @@ class FaultySession(VoiceSession):
     def plan_step(self, budget: StepBudget) -> Step | None:
         return self._marked(self.inner.plan_step(budget))
 
+    def concurrent_step(self) -> Step | None:
+        return self._marked(self.inner.concurrent_step())
+
     def _marked(self, step: Step | None) -> Step | None:
         if step is None:
             return None

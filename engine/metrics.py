@@ -54,6 +54,12 @@ class Metrics:
             "Demand over capacity (1 is all of it); new streams queue past RTVOICE_MAX_LOAD",
             registry=r,
         )
+        self.mean_batch_size = Gauge(
+            "rtvoice_mean_batch_size",
+            'Steps per model call over the recent calls of each kind (CosyVoice2\'s mean LM batch: kind="lm")',
+            ["kind"],
+            registry=r,
+        )
         self.batch_size = Histogram(
             "rtvoice_batch_size", "Steps per model call", ["kind"], buckets=BATCH_BUCKETS, registry=r
         )

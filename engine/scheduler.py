@@ -16,8 +16,10 @@ end) and touches streams only through their methods.
   ``max_batch_size``, the voice's limit for the kind, an even share of the ready work per free
   slot, and the call budget.
 
-A stream has at most one step in flight, so its session is never touched by two threads; a stream
-far ahead of its client waits (backpressure).
+A stream has at most one step in flight on each of its two lanes: the main one (``plan_step``) and, for a
+session that has one, the concurrent one (``VoiceSession.concurrent_step``: CosyVoice2's token-to-wave chunk while
+its LM keeps decoding); the two steps are of different kinds and touch different state, and results are applied
+on the event loop. A stream far ahead of its client waits (backpressure).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Literal
 
 from rtvoice.engine import admission, policy
 from rtvoice.engine.admission import DEPARTURES_KEPT, is_starting, smallest_step
@@ -34,12 +37,17 @@ from rtvoice.engine.capacity import Load, audio_per_s, machine_load
 from rtvoice.engine.cost import CostModel
 from rtvoice.engine.errors import Overloaded
 from rtvoice.engine.metrics import Metrics
-from rtvoice.engine.models.base import Step, StepBudget, StepPayload, Voice
+from rtvoice.engine.models.base import CostEstimate, Step, StepBudget, StepPayload, Voice
 from rtvoice.engine.playback import Played
 from rtvoice.engine.runner import BatchOutput
 from rtvoice.engine.stream import SpeechStream, StreamState
 
 log = logging.getLogger(__name__)
+
+DECISIONS_KEPT = 1000
+"""Recent decisions kept for inspection."""
+RECENT_CALLS = 64
+"""Calls of a kind over which its mean batch is exported (``rtvoice_mean_batch_size``)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,9 @@ class Limits:
     kinds its voice runs sooner that way (``Voice.wide_kinds``)."""
 
 
+Lane = Literal["main", "concurrent"]
+
+
 @dataclass(frozen=True)
 class Decision:
     """One scheduling decision, kept for inspection: which streams' steps ran together."""
@@ -73,6 +84,8 @@ class Batch:
     voice: Voice
     kind: str
     items: list[tuple[SpeechStream, Step]]
+    lanes: list[Lane]
+    """Each item's lane on its stream."""
     estimate_s: float
     """Its estimated duration when it was picked."""
     started_at: float
@@ -107,10 +120,14 @@ class Scheduler:
         self.active: list[SpeechStream] = []
         self.waiting: deque[SpeechStream] = deque()
         self.running: list[Batch] = []
-        self.decisions: deque[Decision] = deque(maxlen=1000)
-        self._busy: set[int] = set()
-        """Streams with a step in flight."""
+        self.decisions: deque[Decision] = deque(maxlen=DECISIONS_KEPT)
+        self._busy: dict[int, dict[Lane, str]] = {}
+        """Streams with a step in flight: the kind in flight on each busy lane."""
         self._departures: deque[float] = deque(maxlen=DEPARTURES_KEPT)
+        self._last_keys: dict[int, Hashable] = {}
+        """Each admitted stream's last main-lane batch key."""
+        self._recent_sizes: dict[str, deque[int]] = {}
+        """The sizes of each kind's last calls, for its mean batch."""
         self._watched: set[str] = set()
         metrics.demand.set_function(lambda: sum(self.load().demand.values()))
         metrics.load.set_function(lambda: self.load().fraction)
@@ -150,6 +167,7 @@ class Scheduler:
                 stream.finish()
             if stream.closed and stream.id not in self._busy:
                 self.active.remove(stream)
+                self._last_keys.pop(stream.id, None)
                 self._departures.append(now)
         for stream in [s for s in self.waiting if s.closed]:
             self.waiting.remove(stream)
@@ -225,69 +243,144 @@ class Scheduler:
         streams: dict[int, SpeechStream] = {}
         load = self.load().fraction
         tail = self.costs.tail_surprise()
+        lanes: dict[int, Lane] = {}
+        """Each ready entry's lane, by the entry's id."""
         for stream in self.active:
-            if stream.id in self._busy or stream.closed or stream.throttled:
+            if stream.closed or stream.throttled:
                 continue
-            smallest = smallest_step(stream, self.costs.estimator(stream.voice.cost_key), safety)
-            if smallest is None:
-                continue
-            playback = stream.playback
-            # Owing first audio has a tier of its own; playing but still starting, the slowest calls' margin.
-            starting = not playback.owes_first_audio and is_starting(stream, load)
-            ready.append(
-                policy.Ready(
+            for lane, step_s, ready_step, to_audio_s in self._ready_steps(stream, safety):
+                playback = stream.playback
+                # Owing first audio has a tier of its own; playing but still starting, the slowest calls' margin.
+                starting = not playback.owes_first_audio and is_starting(stream, load)
+                entry = policy.Ready(
                     stream.id,
-                    smallest.step,
-                    smallest.step_s,
-                    smallest.to_audio_s,
+                    ready_step,
+                    step_s,
+                    to_audio_s,
                     playback.runs_out_at,
                     playback.owed_since,
                     tail if starting else 0.0,
                 )
-            )
+                ready.append(entry)
+                lanes[id(entry)] = lane
             streams[stream.id] = stream
+        ready = [r for r in ready if not self._joins_next_call(r, streams[r.stream_id], now, safety)]
         if not ready:
             return None
         ordered = policy.order(ready, now, safety)
         head, others = ordered[0], ordered[1:]
         head_stream = streams[head.stream_id]
+        head_lane = lanes[id(head)]
         other_slots = self._slots_free_at(now)[:-1]  # all but an idle slot: the head's
         call_s = policy.call_budget(others, now, other_slots, safety)
         cost = self.costs.estimator(head_stream.voice.cost_key)
-        step = head_stream.session.plan_step(
-            StepBudget(
-                call_s=call_s,
-                due_s=head_stream.playback.due_in(now),
-                cost=cost,
-                safety=safety,
-                own_safety=tail,
-                load=load,
+        step: Step | None = head.step
+        if head_lane == "main":
+            step = head_stream.session.plan_step(
+                StepBudget(
+                    call_s=call_s,
+                    due_s=head_stream.playback.due_in(now),
+                    cost=cost,
+                    safety=safety,
+                    own_safety=tail,
+                    load=load,
+                )
             )
-        )
         assert step is not None
         items = [(head_stream, step)]
+        item_lanes: list[Lane] = [head_lane]
         # Split ready work over the free runner slots rather than queueing it all behind one call.
-        compatible = [r for r in others if r.step.batch_key == step.batch_key]
+        compatible = [r for r in others if r.step.batch_key == step.batch_key and r.stream_id != head.stream_id]
         free_slots = max(1, self.slots - self._slots_held())
-        limit = min(
-            self.limits.max_batch_size, head_stream.voice.max_batch(step.kind), -(-(len(compatible) + 1) // free_slots)
-        )
+        limit = min(self.limits.max_batch_size, head_stream.voice.max_batch(step.kind), len(compatible) + 1)
+        share = -(-limit // free_slots)
+        if self._splits(cost, step.kind, step.size, limit, share, free_slots):
+            limit = share
         size = step.size
+        # Streams that join the call are served by it: only those left out wait for its slot.
+        joining = {r.stream_id for r in compatible[: limit - 1]}
+        join_s = policy.call_budget(
+            [r for r in others if r.stream_id not in joining and r.stream_id != head.stream_id],
+            now,
+            other_slots,
+            safety,
+        )
         for r in compatible:
-            if len(items) >= limit or cost(step.kind, size + r.step.size) * safety > max(call_s, cost(step.kind, size)):
+            if len(items) >= limit or cost(step.kind, size + r.step.size) * safety > max(join_s, cost(step.kind, size)):
                 break
             items.append((streams[r.stream_id], r.step))
+            item_lanes.append(lanes[id(r)])
             size += r.step.size
         batch = Batch(
             head_stream.voice,
             step.kind,
             items,
+            item_lanes,
             cost(step.kind, size),
             now,
             wide=self._lends_every_core(head_stream, step, items, ready),
         )
         self._start(batch)
         return batch
+
+    def _joins_next_call(self, entry: policy.Ready, stream: SpeechStream, now: float, safety: float) -> bool:
+        """Whether ``entry`` waits for a call of its batch key in flight, to share the next one: its voice batches
+        the kind almost for free (one more row costs under half a row alone), its stream's last call was of the same
+        key (it is decoding), the call ends within one of the entry's own calls, and the wait leaves its listener
+        served. Else a stream out of step with the others
+        runs alone beside their batch, and stays out of step (mean LM batch 1 and 7 of 8 in turn)."""
+        key = entry.step.batch_key
+        running = next((b for b in self.running if b.items[0][1].batch_key == key), None)
+        if running is None or len(running.items) >= stream.voice.max_batch(entry.step.kind):
+            return False
+        cost = self.costs.estimator(stream.voice.cost_key)
+        rows, kind, unit = len(running.items), entry.step.kind, entry.step.size
+        one, more = cost(kind, unit), cost(kind, (rows + 1) * unit) - cost(kind, rows * unit)
+        if one <= 0 or more * 2 >= one:
+            return False
+        ends_at = running.started_at + running.estimate_s
+        if ends_at - now > entry.step_s:
+            return False
+        # Only a stream that repeats its last call's kind (decoding) waits: the call in flight may be one that does
+        # not come again (another stream's prefill).
+        if self._last_keys.get(stream.id) != key:
+            return False
+        return entry.due_at is None or ends_at + safety * entry.to_audio_s <= entry.due_at
+
+    @staticmethod
+    def _splits(cost: CostEstimate, kind: str, unit: int, whole: int, share: int, slots: int) -> bool:
+        """Whether ``whole`` steps (of about ``unit`` each) go into calls of ``share`` on ``slots`` free slots rather
+        than one call: when the time that saves the batch is more than the slot time it takes from other work,
+        ``cost(whole) - cost(share) > slots x cost(share) - cost(whole)``. A CPU's calls cost their rows' sum and split;
+        a GPU's batch costs about one row and stays whole. Unmeasured, it splits."""
+        if share >= whole:
+            return False
+        whole_s, share_s = cost(kind, whole * unit), cost(kind, share * unit)
+        return whole_s <= 0 or 2 * whole_s > (slots + 1) * share_s
+
+    def _ready_steps(self, stream: SpeechStream, safety: float) -> list[tuple[Lane, float, Step, float]]:
+        """The steps ``stream`` may start now, one per free lane: (lane, call s, step, s to its audio). The main
+        lane's is its smallest next step; the concurrent lane's is never of the kind in flight on the other."""
+        busy = self._busy.get(stream.id, {})
+        steps: list[tuple[Lane, float, Step, float]] = []
+        cost = self.costs.estimator(stream.voice.cost_key)
+        if "main" not in busy:
+            smallest = smallest_step(stream, cost, safety)
+            if smallest is not None and smallest.step.kind not in busy.values():
+                steps.append(("main", smallest.step_s, smallest.step, smallest.to_audio_s))
+        if "concurrent" not in busy:
+            step = stream.session.concurrent_step()
+            taken = {other.kind for _, _, other, _ in steps} | set(busy.values())
+            if step is not None and step.kind not in taken:
+                step_s = cost(step.kind, step.size)
+                # First: where the policy ties the two (a stream owing first audio), the step that makes audio.
+                steps.insert(0, ("concurrent", step_s, step, step_s))
+        return steps
+
+    def mean_batch_size(self, kind: str) -> float:
+        """Streams per call of ``kind`` over its last ``RECENT_CALLS`` calls; 0 before the first."""
+        sizes = self._recent_sizes.get(kind)
+        return sum(sizes) / len(sizes) if sizes else 0.0
 
     def _lends_every_core(
         self, stream: SpeechStream, step: Step, items: list[tuple[SpeechStream, Step]], ready: list[policy.Ready]
@@ -314,9 +407,13 @@ class Scheduler:
     def _start(self, batch: Batch) -> None:
         self.running.append(batch)
         batch.all_slots_busy = self._slots_held() == self.slots
-        for stream, _ in batch.items:
-            self._busy.add(stream.id)
+        for (stream, step), lane in zip(batch.items, batch.lanes, strict=True):
+            self._busy.setdefault(stream.id, {})[lane] = step.kind
+            if lane == "main":
+                self._last_keys[stream.id] = step.batch_key
         self.decisions.append(Decision(batch.kind, tuple(stream.id for stream, _ in batch.items)))
+        self._recent_sizes.setdefault(batch.kind, deque(maxlen=RECENT_CALLS)).append(len(batch.items))
+        self.metrics.mean_batch_size.labels(batch.kind).set(self.mean_batch_size(batch.kind))
         if batch.wide:
             self.metrics.wide_calls.labels(batch.kind).inc()
         self.metrics.batch_size.labels(batch.kind).observe(len(batch.items))
@@ -355,8 +452,11 @@ class Scheduler:
 
     def _end(self, batch: Batch) -> None:
         self.running.remove(batch)
-        for stream, _ in batch.items:
-            self._busy.discard(stream.id)
+        for (stream, _), lane in zip(batch.items, batch.lanes, strict=True):
+            busy = self._busy.get(stream.id, {})
+            busy.pop(lane, None)
+            if not busy:
+                self._busy.pop(stream.id, None)
 
     def _record_audio(self, stream: SpeechStream, audio_s: float, played: Played) -> None:
         voice = stream.voice.info.id

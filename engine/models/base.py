@@ -200,6 +200,13 @@ class VoiceSession(ABC):
         it changes nothing. Sessions whose steps have one size keep this default."""
         return self.next_step()
 
+    def concurrent_step(self) -> Step | None:
+        """A step that may run while this session's other step is in flight, on a lane of its own (CosyVoice2's
+        token-to-wave chunk while its LM decodes); its kind is never that of the other step, and neither touches
+        the state the other's call changes. Like ``next_step``, it changes nothing. Sessions whose steps run one
+        at a time keep this default."""
+        return None
+
     @abstractmethod
     def complete(self, step: Step, result: Any) -> np.ndarray | None:
         """Take a step's result; return float32 audio at the voice's rate that is now final."""

@@ -346,7 +346,7 @@ def test_voice_batches_token2wav_chunks_through_the_service(serving_service: Any
         for k in range(3):
             stream = serving_service.model.token2wav.stream(voice.flow_prompt, torch.Generator().manual_seed(k))
             stream.add_tokens(list(range(100 + 7 * k, 160 + 9 * k)))
-            out.append(Token2WavJob(stream))
+            out.append(Token2WavJob(stream, stream.plan()))
         return out
 
     source.random_source = False

@@ -48,6 +48,9 @@ class CosyVoice2Runner:
         self.threads = max(1, threads)
         self.token2wav_batch = max(1, token2wav_batch or default_token2wav_batch(device))
         """Most token-to-wave chunks one call takes (the voices' ``max_batch('token2wav')``)."""
+        self.overlaps_token2wav = device.type == "cuda"
+        """Token-to-wave chunks run beside the LM's steps (the sessions' concurrent lane): on a GPU, where each
+        runner thread has its own CUDA stream; on a CPU the two would share the cores."""
         self.model_key = f"{MODEL_NAME}:{model_dir.resolve()}"
         """Batch keys carry this, so steps of every voice of this model may share a call."""
         vocab = model.llm.backbone.config.vocab_size
@@ -64,6 +67,7 @@ class CosyVoice2Runner:
         """Prompt plus speech tokens one flow call can take (its fixed noise is that long)."""
         self.mel_bins = model.config.flow.output_size
         self._warm = False
+        self._local = threading.local()
         self._warm_lock = threading.Lock()
 
     def use_threads(self) -> None:
@@ -85,7 +89,20 @@ class CosyVoice2Runner:
         if call is None:
             raise ValueError(f"a CosyVoice2 voice cannot run {type(payloads[0]).__name__}")
         self.use_threads()
-        return call(payloads)
+        if self.device.type != "cuda":
+            return call(payloads)
+        stream = self._cuda_stream()
+        with torch.cuda.stream(stream):
+            results = call(payloads)
+        stream.synchronize()  # its results go to the event loop, and the next call may run on another thread
+        return results
+
+    def _cuda_stream(self) -> torch.cuda.Stream:
+        """The calling runner thread's own CUDA stream, so an LM step and a token-to-wave chunk run at once."""
+        stream: torch.cuda.Stream | None = getattr(self._local, "cuda_stream", None)
+        if stream is None:
+            stream = self._local.cuda_stream = torch.cuda.Stream(device=self.device)
+        return stream
 
     def _lm(self, jobs: Sequence[PrefillJob | NextTokenJob]) -> list[LMResult]:
         llm = self.model.llm
@@ -115,7 +132,7 @@ class CosyVoice2Runner:
         return [LMResult(stream, tokens.get(id(stream))) for stream in streams]
 
     def _token2wav(self, jobs: Sequence[Token2WavJob]) -> list[np.ndarray]:
-        chunks = self.model.token2wav.step_many([job.stream for job in jobs])
+        chunks = self.model.token2wav.step_many([job.stream for job in jobs], [job.plan for job in jobs])
         return [speech.reshape(-1).float().cpu().numpy() for speech in chunks]
 
     # -- warmup -----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 from rtvoice.engine.models.base import Step, StepPayload
 
 from .llm import LMStream
-from .token2wav import Token2WavStream
+from .token2wav import ChunkPlan, Token2WavStream
 
 MIN_TOKEN_TEXT_RATIO = 2.0
 MAX_TOKEN_TEXT_RATIO = 20.0
@@ -61,6 +61,8 @@ class LMResult:
 class Token2WavJob(StepPayload):
     kind = "token2wav"
     stream: Token2WavStream
+    plan: ChunkPlan
+    """The chunk as planned with the step: the LM may add tokens while it runs."""
 
 
 CosyVoice2Payload = PrefillJob | NextTokenJob | Token2WavJob

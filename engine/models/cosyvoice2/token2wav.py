@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -28,6 +29,13 @@ MEL_CACHE_FRAMES = 8
 MAX_HOP_FACTOR = 4
 """The hop grows (doubling) up to this many ``chunk_size``s: fewer, longer flow calls later on."""
 HOP_GROWTH = 2
+
+
+class ChunkPlan(NamedTuple):
+    """One chunk's flow input: every token up to its end (look-ahead included), and whether it is the last."""
+
+    tokens: list[int]
+    finalize: bool
 
 
 @dataclass(frozen=True)
@@ -72,15 +80,19 @@ class Token2Wav:
         return Token2WavStream(self, prompt, generator or new_generator(device=prompt.tokens.device))
 
     @torch.inference_mode()
-    def step_many(self, streams: Sequence[Token2WavStream]) -> list[torch.Tensor]:
+    def step_many(
+        self, streams: Sequence[Token2WavStream], plans: Sequence[ChunkPlan] | None = None
+    ) -> list[torch.Tensor]:
         """The next chunk of each stream ([1, samples] each), computed together: the flow calls of all
         of them in one padded batch (per-row lengths, chunk masks and prompts), HiFT on the rows whose
         mel windows have the same length in one batch each (its convolutions are not causal, so rows
         of different lengths are not padded together), each row with its own generator and caches.
-        Each chunk equals what :meth:`Token2WavStream.step` makes for that stream alone."""
+        Each chunk equals what :meth:`Token2WavStream.step` makes for that stream alone. ``plans``: each stream's
+        chunk as planned when its step was made (``Token2WavStream.plan``), so tokens the LM adds meanwhile on
+        another thread change nothing; planned now when None."""
         if len({id(s) for s in streams}) != len(streams):
             raise ValueError("a stream appears twice in one call")
-        plans = [s._plan() for s in streams]
+        plans = list(plans) if plans is not None else [s.plan() for s in streams]
         items = [
             FlowItem(
                 torch.tensor([tokens], dtype=torch.int32, device=s.prompt.tokens.device),
@@ -175,13 +187,13 @@ class Token2WavStream:
         and too few tokens remain for a full hop)."""
         return self.engine.step_many([self])[0]
 
-    def _plan(self) -> tuple[list[int], bool]:
+    def plan(self) -> ChunkPlan:
         """The tokens the next flow call takes (look-ahead included) and whether it is the final one."""
         if not self.ready():
             raise RuntimeError("step() without a ready chunk")
         if len(self.tokens) - self.token_offset >= self._this_hop + self.engine.pre_lookahead:
-            return self.tokens[: self.token_offset + self._this_hop + self.engine.pre_lookahead], False
-        return list(self.tokens), True
+            return ChunkPlan(self.tokens[: self.token_offset + self._this_hop + self.engine.pre_lookahead], False)
+        return ChunkPlan(list(self.tokens), True)
 
     def push(self, tokens: Sequence[int]) -> list[torch.Tensor]:
         """Add tokens; return every chunk that can now be computed."""

@@ -188,14 +188,28 @@ class CosyVoice2Session(VoiceSession):
             length = len(segment.text_ids) + self.lm_prompt.text_ids.shape[1] + self.lm_prompt.speech_tokens.shape[1]
             return Step((job.kind, key, "prefill", length // 64), job, self)
         assert segment.lm is not None and segment.t2w is not None
-        if segment.t2w.ready():
-            # A chunk's flow call covers the prompt and every token so far; rows of one call are padded to the
-            # longest, so chunks are grouped by that length within a factor of two.
-            flow_tokens = segment.t2w.prompt.tokens.shape[1] + len(segment.t2w.tokens)
-            return Step((Token2WavJob.kind, key, flow_tokens.bit_length()), Token2WavJob(segment.t2w), self)
+        if segment.t2w.ready() and (segment.lm.finished or not self.runner.overlaps_token2wav):
+            return self._token2wav_step(segment.t2w)
         if not segment.lm.finished:
             return Step((NextTokenJob.kind, key, "decode"), NextTokenJob(segment.lm), self)
         raise AssertionError("a segment whose LM stopped is either flushing or done")
+
+    def concurrent_step(self) -> CosyVoice2Step | None:
+        # On a GPU, while the LM decodes (``next_step``), a chunk whose tokens are all there turns into audio beside
+        # it, so the LM keeps stepping every stream while chunks are vocoded. The chunk's tokens are fixed with the
+        # step. On a CPU the two would share the cores: the chunk goes first on the one lane instead.
+        segment = self.current
+        if not self.runner.overlaps_token2wav or segment is None or segment.lm is None or segment.t2w is None:
+            return None
+        return self._token2wav_step(segment.t2w) if segment.t2w.ready() and not segment.lm.finished else None
+
+    def _token2wav_step(self, t2w: Token2WavStream) -> CosyVoice2Step:
+        # A chunk's flow call covers the prompt and every token so far; rows of one call are padded to the
+        # longest, so chunks are grouped by that length within a factor of two.
+        plan = t2w.plan()
+        flow_tokens = t2w.prompt.tokens.shape[1] + len(plan.tokens)
+        key = self.voice.model_key
+        return Step((Token2WavJob.kind, key, flow_tokens.bit_length()), Token2WavJob(t2w, plan), self)
 
     def complete(self, step: CosyVoice2Step, result: Any) -> np.ndarray | None:
         if isinstance(step.payload, (PrefillJob, NextTokenJob)):
