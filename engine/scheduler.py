@@ -297,14 +297,13 @@ class Scheduler:
         if self._splits(cost, step.kind, step.size, limit, share, free_slots):
             limit = share
         size = step.size
-        # Streams that join the call are served by it: only those left out wait for its slot.
-        joining = {r.stream_id for r in compatible[: limit - 1]}
-        join_s = policy.call_budget(
-            [r for r in others if r.stream_id not in joining and r.stream_id != head.stream_id],
-            now,
-            other_slots,
-            safety,
-        )
+        # Streams that join the call are served by it: only those left out wait for its slot (none can join a call
+        # of one step, so no budget is worked out for it).
+        join_s = call_s
+        if limit > 1 and compatible:
+            joining = {r.stream_id for r in compatible[: limit - 1]}
+            waiting = [r for r in others if r.stream_id not in joining and r.stream_id != head.stream_id]
+            join_s = policy.call_budget(waiting, now, other_slots, safety)
         for r in compatible:
             if len(items) >= limit or cost(step.kind, size + r.step.size) * safety > max(join_s, cost(step.kind, size)):
                 break

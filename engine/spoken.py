@@ -834,6 +834,7 @@ _SYMBOL_WORDS = {
     "\u00b0": "degrees",
 }
 _SYMBOL = re.compile("[" + re.escape("".join(_SYMBOL_WORDS)) + "]")
+_BLANKS = re.compile(r"\s+")
 
 
 def _say_digits(match: re.Match[str]) -> str:
@@ -849,7 +850,7 @@ def _read_plainly(word: MappedText) -> MappedText:
 
 
 def _tidy_blanks(mapped: MappedText) -> MappedText:
-    return mapped.sub(re.compile(r"\s+"), " ").strip()
+    return mapped.sub(_BLANKS, " ").strip()
 
 
 def _read_english(line: MappedText, budget: WetextBudget) -> MappedText:
