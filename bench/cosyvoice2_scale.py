@@ -211,17 +211,9 @@ def build_released_model_dir(root: Path, seed: int = 0) -> Path:
 
 
 def force_tokens(llm: Any, n_tokens: int) -> None:
-    """Every stream makes exactly ``n_tokens`` speech tokens: stop ids masked, length fixed (bench only)."""
-    choose = type(llm).choose
-    stops = sorted(llm.stop_tokens)
-
-    def forced(stream: Any, logp: torch.Tensor, greedy: bool = False) -> int | None:
-        stream.min_len = stream.max_len = n_tokens
-        logp = logp.clone()
-        logp[stops] = float("-inf")
-        return choose(llm, stream, logp, greedy)
-
-    llm.choose = forced
+    """Every stream makes exactly ``n_tokens`` speech tokens (``Qwen2LM.forced_length``: stop ids masked, length
+    fixed at its prefill), on the batched device path as on the per-stream one."""
+    llm.forced_length = n_tokens
 
 
 def bench_voice(service: Any, prompt_tokens: int, seed: int = 0) -> Any:

@@ -173,6 +173,9 @@ class EngineSettings(BaseSettings):
     cosyvoice_token2wav_batch: int = 0
     """Most token-to-wave chunks (streams) in one flow call; 0 means 1 on a CPU (where batching does
     not pay) and 8 on a GPU. The TensorRT engine's profile covers twice this many rows (CFG)."""
+    cosyvoice_cuda_graphs: bool = True
+    """The LM's decode step captured as CUDA graphs (one per batch bucket 1/2/4/8/16/32 and length bucket, at
+    warm-up) and replayed: on by default on CUDA; ignored on the CPU, which runs it eagerly."""
 
     @field_validator("fault_injection")
     @classmethod

@@ -211,6 +211,7 @@ def load_cosyvoice(settings: EngineSettings) -> CosyVoice2Service:
         threads=settings.cosyvoice_threads,
         estimator=settings.cosyvoice_estimator,
         token2wav_batch=settings.cosyvoice_token2wav_batch,
+        cuda_graphs=settings.cosyvoice_cuda_graphs,
         data_dir=settings.data_dir,
         concurrent_calls=settings.runner_threads,
     )

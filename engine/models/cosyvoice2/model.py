@@ -12,7 +12,7 @@ import torch
 from .config import CosyVoice2Config, load_config
 from .flow import CausalMaskedDiffWithXvec
 from .hift import HiFTGenerator
-from .llm import Qwen2LM
+from .llm import Qwen2LM, llm_dtype
 from .loader import QWEN_DIR, CheckpointError, build_flow, build_hift, build_llm
 from .mel import MelExtractor
 from .token2wav import Token2Wav
@@ -57,7 +57,7 @@ class CosyVoice2Model:
     def load(
         cls, model_dir: str | Path, device: str | torch.device = "cpu", load_frontends: bool = True
     ) -> CosyVoice2Model:
-        """Load every part in float32 on ``device``, in eval mode with gradients off."""
+        """Load every part on ``device``, in eval mode with gradients off: float32, but the LM in bf16 on CUDA."""
         root = Path(model_dir)
         if not root.is_dir():
             raise CheckpointError(f"model directory not found: {root}")
@@ -65,8 +65,9 @@ class CosyVoice2Model:
         llm = build_llm(config, root / "llm.pt", root / QWEN_DIR)
         flow = build_flow(config, root / "flow.pt")
         hift = build_hift(config, root / "hift.pt")
-        for module in (llm, flow, hift):
+        for module in (flow, hift):
             module.to(device=device, dtype=torch.float32).eval().requires_grad_(False)
+        llm.to(device=device, dtype=llm_dtype(torch.device(device))).eval().requires_grad_(False)
 
         spk2info: dict[str, Any] = {}
         if (root / SPK2INFO_FILE).is_file():

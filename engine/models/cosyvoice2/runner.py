@@ -42,6 +42,7 @@ class CosyVoice2Runner:
         device: torch.device,
         threads: int = 1,
         token2wav_batch: int | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         self.model = model
         self.device = device
@@ -51,6 +52,11 @@ class CosyVoice2Runner:
         self.overlaps_token2wav = device.type == "cuda"
         """Token-to-wave chunks run beside the LM's steps (the sessions' concurrent lane): on a GPU, where each
         runner thread has its own CUDA stream; on a CPU the two would share the cores."""
+        self.cuda_graphs = cuda_graphs and device.type == "cuda"
+        """LM decode steps at bucketed shapes, captured as CUDA graphs at warm-up (``RTVOICE_COSYVOICE_CUDA_GRAPHS``;
+        the CPU runs exact shapes eagerly)."""
+        if self.cuda_graphs:
+            model.llm.use_decode_graphs(capture=True)
         self.model_key = f"{MODEL_NAME}:{model_dir.resolve()}"
         """Batch keys carry this, so steps of every voice of this model may share a call."""
         vocab = model.llm.backbone.config.vocab_size
@@ -126,14 +132,23 @@ class CosyVoice2Runner:
                 streams.append(job.stream)
         live = [s for s in streams if not s.finished]
         tokens: dict[int, int | None] = {}
-        if live:
+        if live and "choose" in vars(llm):
+            # A choose set on the instance (bench/cosyvoice2_scale.py forces lengths) keeps the per-stream path.
             for stream, logp in zip(live, llm.forward_step(live), strict=True):
                 tokens[id(stream)] = llm.choose(stream, logp)
+        elif live:
+            for stream, token in zip(live, llm.step(live), strict=True):
+                tokens[id(stream)] = token
         return [LMResult(stream, tokens.get(id(stream))) for stream in streams]
 
     def _token2wav(self, jobs: Sequence[Token2WavJob]) -> list[np.ndarray]:
         chunks = self.model.token2wav.step_many([job.stream for job in jobs], [job.plan for job in jobs])
         return [speech.reshape(-1).float().cpu().numpy() for speech in chunks]
+
+    def max_lm_positions(self) -> int:
+        """Positions a stream's KV slot is reserved for at warm-up: its speech tokens (the prompt's and the LM's share
+        the flow's fixed noise) and the two special ones; text ids beyond the power of two above grow the pool."""
+        return self.max_flow_tokens + 2
 
     # -- warmup -----------------------------------------------------------------------------------
 
@@ -152,6 +167,11 @@ class CosyVoice2Runner:
             for _ in range(3):
                 logp = llm.forward_step([stream])[0]
                 llm.choose(stream, logp)
+            if self.cuda_graphs and llm.decode_graphs is not None:
+                llm.decode_graphs.capture_all(self.max_lm_positions())  # before any decode call would capture one
+            if not stream.finished:
+                llm.step([stream])  # the batched sampler (on CUDA: a graph's replay)
+            llm.release(stream)
             if prompt is None:
                 prompt = FlowPrompt(
                     empty,

@@ -2,6 +2,10 @@
 
 Every random draw takes an explicit ``torch.Generator`` (one per stream), so streams are
 reproducible from their seed and never touch or depend on the global RNG.
+
+``nucleus_sample`` and ``ras_sample`` are the reference, one stream at a time (each ends in a host sync);
+``sample_batch`` is what the LM runs: the same candidates and distribution for a whole batch on the device, from
+uniforms the caller draws from each stream's generator (tests/cosyvoice2/test_lm_slots.py compares the two).
 """
 
 from __future__ import annotations
@@ -42,3 +46,50 @@ def ras_sample(logp: torch.Tensor, decoded: Sequence[int], cfg: SamplingConfig, 
         masked[token] = float("-inf")
         token = int(torch.multinomial(masked.softmax(dim=0), 1, replacement=True, generator=generator))
     return token
+
+
+def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """[B, 1] index of each row's draw from ``weights`` [B, V] (unnormalised, non-negative) at ``uniform`` [B, 1] in
+    [0, 1): the first index whose cumulative weight passes ``uniform`` x the row's total (a zero weight never)."""
+    cdf = weights.cumsum(dim=-1)
+    return (cdf <= uniform * cdf[:, -1:]).sum(dim=-1, keepdim=True).clamp(max=weights.shape[-1] - 1)
+
+
+def draws_per_step(vocab: int) -> int:
+    """Uniforms :func:`sample_batch` takes per row: one per id (the nucleus draw) and one (the RAS redraw)."""
+    return vocab + 1
+
+
+def sample_batch(
+    scores: torch.Tensor, uniforms: torch.Tensor, recent: torch.Tensor, cfg: SamplingConfig
+) -> torch.Tensor:
+    """:func:`ras_sample` for a batch, on the scores' device and without a host sync: [B] tokens from ``scores``
+    [B, V] (log-probabilities, masked ones ``-inf``), ``uniforms`` [B, V + 1] in [0, 1) (each row's draws from its
+    own generator, the same number every step, so a stream's random sequence does not depend on its tokens),
+    ``recent`` [B, W] each row's last ``win_size`` tokens (-1 where none yet).
+
+    The same candidates as :func:`nucleus_sample` (ties broken by the lower id, as its stable sort does) and the same
+    distribution, drawn without ``torch.multinomial`` (which needs the nucleus size on the host), so the same seed
+    draws other tokens. Only the top_k most likely are sorted (``topk``), not the vocabulary."""
+    vocab = scores.shape[-1]
+    probs = scores.softmax(dim=-1)
+    top = probs.topk(max(1, min(cfg.top_k, vocab)), dim=-1).values  # [B, K], descending
+    # As nucleus_sample: keep tokens while the mass before them is under top_p; at least one, at most top_k. The
+    # sorted values, hence their cumulative mass, do not depend on how ties are ordered.
+    keep = ((top.cumsum(dim=-1) - top) < cfg.top_p).sum(dim=-1, keepdim=True).clamp(min=1)  # [B, 1]
+    last = top.gather(1, keep - 1)  # the smallest kept probability
+    above = probs > last
+    tied = probs == last
+    # Of the tokens tied at the smallest kept probability, the lowest ids fill the nucleus (a stable sort's order).
+    fill = keep - above.sum(dim=-1, keepdim=True)
+    nucleus = above | (tied & (tied.long().cumsum(dim=-1) <= fill))
+    # The nucleus draw as an exponential race (p / Exp(1), as torch.multinomial draws one sample), with each id's own
+    # variate: a near-tie at the nucleus' edge that a batch's last bit flips changes the draw only if that token wins.
+    race = (probs / -torch.log1p(-uniforms[:, :vocab])).masked_fill(~nucleus, -1.0)
+    first = race.argmax(dim=-1, keepdim=True)  # [B, 1]
+    # RAS: a token already filling tau_r of the window is drawn again from the whole distribution without it.
+    repeats = (recent == first).sum(dim=-1, keepdim=True)
+    rest = probs.scatter(1, first, 0.0)
+    second = _inverse_cdf(rest, uniforms[:, vocab:])
+    redraw = (repeats >= cfg.win_size * cfg.tau_r) & (rest.sum(dim=-1, keepdim=True) > 0)
+    return torch.where(redraw, second, first)[:, 0]

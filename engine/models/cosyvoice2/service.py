@@ -73,8 +73,9 @@ class CosyVoice2Service:
         store: VoiceStore | None,
         threads: int = 1,
         token2wav_batch: int | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
-        self.runner = CosyVoice2Runner(model, model_dir, device, threads, token2wav_batch)
+        self.runner = CosyVoice2Runner(model, model_dir, device, threads, token2wav_batch, cuda_graphs)
         """Runs the steps of every voice of this model."""
         self.model_dir = model_dir
         self.store = store
@@ -105,11 +106,13 @@ class CosyVoice2Service:
         token2wav_batch: int = 0,
         data_dir: Path | None = None,
         concurrent_calls: int = 1,
+        cuda_graphs: bool = True,
     ) -> CosyVoice2Service:
         """Load ``model_dir``; the keywords are the ``RTVOICE_COSYVOICE_*`` settings, passed by the registry.
 
         ``token2wav_batch`` 0 picks the device's default; ``data_dir`` is where TensorRT engines go when the
-        model directory is read-only; ``concurrent_calls`` sizes the TensorRT context pool (runner threads).
+        model directory is read-only; ``concurrent_calls`` sizes the TensorRT context pool (runner threads);
+        ``cuda_graphs`` captures the LM's decode step as CUDA graphs (CUDA only).
         """
         model_dir = Path(model_dir)
         check_model_dir(model_dir)
@@ -124,6 +127,7 @@ class CosyVoice2Service:
             VoiceStore(voices_dir) if voices_dir is not None else None,
             threads,
             token2wav_batch=token2wav_batch or None,
+            cuda_graphs=cuda_graphs,
         )
         service.setup_estimator(estimator, data_dir=data_dir, contexts=concurrent_calls)
         if not service.frontend.can_clone:
