@@ -5,8 +5,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # A CPU build of torch that lies on these machines; a bare `torch` would pull a CUDA build of several GB.
 TORCH_CPU ?= torch==2.13.0
+# The slowest tests named at the end of every run, so that a slow CI run says where its time went.
+PYTEST_ARGS ?= --durations=25
 
-.PHONY: run test lint venv test-deps browser whep-player bench clean
+.PHONY: run test lint venv test-deps browser whep-player deploy-tools bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
