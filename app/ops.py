@@ -24,13 +24,23 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
-    """Voices are loaded and warmed: requests will be served (503 while loading, and from SIGTERM on)."""
+    """Voices are loaded and warmed: requests will be served (503 while loading, and from SIGTERM on); with the
+    share of the admission budget still free (``room``) and the streams admitted and queued."""
     engine = request.app.state.engine
     if request.app.state.drain.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     if not engine.ready:
         return JSONResponse({"status": "loading"}, status_code=503)
-    return JSONResponse({"status": "ready", "voices": [info.id for info in engine.voice_infos()]})
+    counts = engine.stream_counts()
+    return JSONResponse(
+        {
+            "status": "ready",
+            "voices": [info.id for info in engine.voice_infos()],
+            "room": round(engine.room(), 3),  # what the agent-check weighs this replica by (app/agent.py)
+            "active_streams": counts.active,
+            "queued_streams": counts.queued,
+        }
+    )
 
 
 @router.get("/metrics")

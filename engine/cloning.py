@@ -8,6 +8,7 @@ again after each.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING
 
 from rtvoice.engine.errors import Conflict, InvalidRequest, ModelNotLoaded, StorageFailed
@@ -60,12 +61,50 @@ async def prompt_voice(
     return service.prompt_voice(await features_of(service, audio, prompt_text, param), mode, instructions)
 
 
+def sync_voice(voices: VoiceRegistry, voice_id: str) -> None:
+    """Bring ``voice_id`` in line with the registered voices' directory, which replicas behind a balancer share: a
+    voice another replica registered is read the first time it is named here, and a registered voice whose file
+    another replica deleted is dropped. Costs one ``stat`` for a registered voice, nothing for any other."""
+    service = voices.cosyvoice
+    if service is None or service.store is None or not voice_id:
+        return
+    from rtvoice.engine.models.cosyvoice2.voice_store import valid_voice_id  # torch: only with a model loaded
+
+    voice = voices.get(voice_id)
+    if voice is not None:
+        if voice.info.source == "registered" and not service.store.exists(voice_id):
+            with contextlib.suppress(ValueError, KeyError):  # the default voice or an alias target stays
+                voices.remove(voice_id)
+        return
+    if voice_id in voices or not valid_voice_id(voice_id) or not service.store.exists(voice_id):
+        return
+    stored = service.stored_voice(voice_id)
+    if stored is not None and voice_id not in voices:
+        voices.add(stored)
+
+
+def sync_registered(voices: VoiceRegistry) -> None:
+    """Every registered voice in line with the shared directory (for the voice list)."""
+    service = voices.cosyvoice
+    if service is None or service.store is None:
+        return
+    on_disk = service.store.ids()
+    held = {voice.info.id for voice in voices.all() if voice.info.source == "registered"}
+    for voice_id in (held - on_disk) | (on_disk - set(voices.ids())):
+        sync_voice(voices, voice_id)
+
+
 def check_voice_id(voices: VoiceRegistry, voice_id: str) -> None:
-    """InvalidRequest for an id a voice may not have, Conflict when a voice has it."""
+    """InvalidRequest for an id a voice may not have, Conflict when a voice has it (here or in the shared store)."""
     from rtvoice.engine.models.cosyvoice2.voice_store import valid_voice_id  # torch: only with a model loaded
 
     if not valid_voice_id(voice_id):
         raise InvalidRequest(f"'voice_id' may hold {VOICE_ID_RULE}", code="invalid_voice_id", param="voice_id")
+    sync_voice(voices, voice_id)
+    _check_free(voices, voice_id)
+
+
+def _check_free(voices: VoiceRegistry, voice_id: str) -> None:
     if voice_id in voices:
         raise Conflict(f"voice {voice_id!r} exists", code="voice_exists", param="voice_id")
 
@@ -93,7 +132,7 @@ async def register_voice(
         )
     except OSError as error:
         raise StorageFailed(f"could not save the voice: {error}", code="voice_not_saved") from error
-    check_voice_id(voices, voice_id)
+    _check_free(voices, voice_id)  # not from the shared store, which now holds this voice's own file
     voices.add(voice)
     return voice.info
 
@@ -101,6 +140,7 @@ async def register_voice(
 async def delete_voice(voices: VoiceRegistry, voice_id: str) -> None:
     """Stop serving a registered voice and remove it from disk (streams already speaking with it finish)."""
     service = cosyvoice(voices)
+    sync_voice(voices, voice_id)  # registered by another replica, or deleted there
     voice = voices.get(voice_id)
     if voice is None or voice.info.source != "registered":
         raise Conflict(

@@ -106,6 +106,7 @@ class Engine:
         return self._voices
 
     def voice_infos(self) -> list[VoiceInfo]:
+        cloning.sync_registered(self.voices)  # replicas sharing the voices directory register and delete too
         return self.voices.infos()
 
     @property
@@ -122,10 +123,13 @@ class Engine:
 
     def find_voice(self, voice_id: str) -> VoiceInfo | None:
         """The voice with exactly this id (no alias), or None."""
+        cloning.sync_voice(self.voices, voice_id)
         voice = self.voices.get(voice_id)
         return None if voice is None else voice.info
 
     def _resolve(self, name: str | None, param: str, unknown_is_default: bool) -> Voice:
+        if name:
+            cloning.sync_voice(self.voices, name)
         if name and name not in self.voices and f"{cosyvoice2.SPEAKER_PREFIX}{name}" in self.voices:
             name = f"{cosyvoice2.SPEAKER_PREFIX}{name}"  # a spk2info speaker by the bare name CosyVoice's clients use
         if name and unknown_is_default and name not in self.voices:
@@ -198,6 +202,14 @@ class Engine:
     def stream_counts(self) -> StreamCounts:
         """Streams admitted and running, and waiting for room."""
         return StreamCounts(active=len(self.scheduler.active), queued=len(self.scheduler.waiting))
+
+    def room(self) -> float:
+        """Share of the admission budget still free, from the costs measured here: 1 idle, 0 once new streams would
+        queue (what a balancer in front of several replicas weighs them by)."""
+        counts = self.stream_counts()
+        if counts.queued or counts.active >= self.settings.max_active_streams:
+            return 0.0
+        return min(1.0, max(0.0, 1.0 - self.scheduler.load().fraction / self.settings.max_load))
 
     def busy(self) -> bool:
         """Streams admitted and not finished, or waiting (what a drain waits for)."""

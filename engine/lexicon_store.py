@@ -200,11 +200,59 @@ class LexiconStore:
         return sum(1 for h in self._held.values() if h.info.source == "uploaded")
 
     def _find(self, lexicon_id: str, param: str = "lexicons") -> _Held:
+        held = self._current(lexicon_id)
+        if held is None:
+            raise UnknownLexicon(lexicon_id, self.ids(), param)
+        return held
+
+    # -- the directory, shared by replicas behind a balancer ---------------------------------------------------------
+
+    def _current(self, lexicon_id: str) -> _Held | None:
+        """``lexicon_id`` as the directory has it now: an upload another replica stored is read the first time it is
+        named here, and one whose ``.pls`` another replica deleted is dropped (one ``stat`` per uploaded lexicon)."""
         with self._lock:
             held = self._held.get(lexicon_id)
-            if held is None:
-                raise UnknownLexicon(lexicon_id, list(self._held), param)
-            return held
+        if held is None:
+            return self._adopt(lexicon_id)
+        if held.info.source == "uploaded" and not (self.directory / f"{lexicon_id}.pls").exists():
+            with self._lock:
+                if self._held.get(lexicon_id) is held:
+                    del self._held[lexicon_id]
+            return None
+        return held
+
+    def _adopt(self, lexicon_id: str) -> _Held | None:
+        """An upload another replica stored, read from the directory; None when there is none (or it is unusable)."""
+        path = self.directory / f"{lexicon_id}.pls"
+        if not _STORED_ID.match(lexicon_id) or not path.exists():
+            return None
+        try:
+            lexicon = parse_pls(path.read_bytes(), str(path))
+            name, created_ns = self._read_meta(path)
+            lexicon.matcher()
+        except FileNotFoundError:
+            return None  # deleted meanwhile
+        except Exception as error:  # a bad file costs that lexicon only
+            log.error("cannot use the stored lexicon %s (%s); delete or replace it", path, error)
+            return None
+        info = LexiconInfo(
+            lexicon_id, name, lexicon.language, len(lexicon.lexemes), "uploaded", created_ns // 1_000_000_000
+        )
+        with self._lock:
+            return self._held.setdefault(lexicon_id, _Held(info, lexicon, created_ns))
+
+    def refresh(self) -> None:
+        """Every upload in line with the directory: those other replicas stored read, those they deleted dropped."""
+        on_disk = {p.stem for p in self.directory.glob("*.pls")} if self.directory.is_dir() else set()
+        with self._lock:
+            held = {i: h.info.source for i, h in self._held.items()}
+        for lexicon_id in on_disk - set(held):
+            self._adopt(lexicon_id)
+        with self._lock:
+            for lexicon_id in [i for i, source in held.items() if source == "uploaded" and i not in on_disk]:
+                self._held.pop(lexicon_id, None)
+            ordered = sorted(self._held.values(), key=lambda h: (h.info.source != "startup", h.created_ns))
+            self._held = {h.info.id: h for h in ordered}
 
     def get(self, lexicon_id: str) -> Lexicon:
         return self._find(lexicon_id).lexicon
@@ -214,11 +262,13 @@ class LexiconStore:
 
     def ids(self) -> list[str]:
         """Every lexicon's id, in the order of :meth:`infos`."""
+        self.refresh()
         with self._lock:
             return list(self._held)
 
     def infos(self) -> list[LexiconInfo]:
         """Every lexicon held: the startup ones in the order named, then uploads oldest first."""
+        self.refresh()
         with self._lock:
             return [h.info for h in self._held.values()]
 
@@ -244,10 +294,10 @@ class LexiconStore:
     def for_voice(self, language: str, ids: Sequence[str] = ()) -> tuple[Lexicon, ...]:
         """The lexicons a request's sentences go through, first match winning: those it names, in its order (each
         applies whatever its language: the client chose it), then the startup ones for the voice's language."""
+        named = [self._current(lexicon_id) for lexicon_id in ids]  # another replica may have stored or deleted it
         with self._lock:
             chosen: list[Lexicon] = []
-            for lexicon_id in ids:
-                held = self._held.get(lexicon_id)
+            for lexicon_id, held in zip(ids, named, strict=True):
                 if held is None:
                     raise UnknownLexicon(lexicon_id, list(self._held))
                 if not any(held.lexicon is c for c in chosen):  # identity: comparing lexemes would cost more

@@ -61,10 +61,13 @@ class WhepPlayer:
     location: str | None = None
     etag: str | None = None
     response: httpx.Response | None = None
+    configuration: RTCConfiguration | None = None
+    """The player's ICE configuration (TURN servers, relay only); none: host candidates only."""
 
     def __post_init__(self) -> None:
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.pc = RTCPeerConnection(self.configuration or RTCConfiguration(iceServers=[]))
         self.channel: RTCDataChannel | None = None
+        self._receiver: Any = None
         self._own_http = self.http is None
         self._reader: asyncio.Task[None] | None = None
         self._event_arrived = asyncio.Event()

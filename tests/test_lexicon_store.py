@@ -217,3 +217,19 @@ def test_disk_failure_is_storage_failed(tmp_path: Path) -> None:
     blocked.unlink()  # the store stays usable: the failed upload's slot is free again
     info = store.add(pls("a", "b"))
     assert store.infos() == [info]
+
+
+def test_replicas_sharing_the_directory_see_each_others_uploads_and_deletions(tmp_path: Path) -> None:
+    """Two stores on one directory, as two replicas behind a balancer: an upload through one is found by the other
+    when named (and listed), and a deletion through either is gone from both."""
+    one, other = store_at(tmp_path), store_at(tmp_path)
+    info = one.add(pls("tomato", "love apple"), name="fruit")
+    assert other.info(info.id).name == "fruit"
+    (lexicon,) = other.for_voice("en-US", [info.id])
+    assert lexicon.lexemes[0].graphemes == ("tomato",)
+    later = one.add(pls("potato", "earth apple"))
+    assert [i.id for i in other.infos()] == [info.id, later.id]
+    other.delete(info.id)
+    with pytest.raises(UnknownLexicon):
+        one.for_voice("en-US", [info.id])
+    assert [i.id for i in one.infos()] == [later.id]

@@ -21,7 +21,13 @@ from aiortc import RTCPeerConnection
 from prometheus_client import Gauge
 
 from rtvoice.app.settings import Settings
-from rtvoice.app.whep.ice import IceServer, link_headers, parse_ice_servers, rtc_configuration
+from rtvoice.app.whep.ice import (
+    IceServer,
+    link_headers,
+    parse_ice_servers,
+    rtc_configuration,
+    turn_rest_credentials,
+)
 from rtvoice.app.whep.metrics import WhepMetrics
 from rtvoice.app.whep.resource import SessionContext, WhepResource
 from rtvoice.app.whep.sdp import Offer
@@ -49,6 +55,7 @@ class WhepEndpoint:
         self.engine = engine
         self.ice_servers: list[IceServer] = parse_ice_servers(settings.whep_ice_servers)
         self.link_headers = link_headers(self.ice_servers)
+        self.turn_urls = tuple(settings.turn_urls) if settings.turn_secret else ()
         self.max_sessions = settings.whep_max_sessions
         self.idle_timeout_s = settings.whep_idle_timeout_s
         self.token = settings.whep_token
@@ -100,6 +107,16 @@ class WhepEndpoint:
         self.metrics.created.inc()
         self._start_sweeper()
         return resource, answer
+
+    def links(self, user: str) -> list[str]:
+        """``Link`` header values for one answer: the configured ICE servers, then the TURN servers with a
+        credential for ``user`` minted now from the shared secret (so no player holds a lasting password)."""
+        if not self.turn_urls:
+            return self.link_headers
+        username, credential = turn_rest_credentials(
+            self.settings.turn_secret, self.settings.turn_credential_ttl_s, user, time.time()
+        )
+        return [*self.link_headers, *link_headers([IceServer(self.turn_urls, username, credential, client_only=True)])]
 
     def get(self, session_id: str) -> WhepResource | None:
         return self.sessions.get(session_id)

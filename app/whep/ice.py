@@ -1,4 +1,5 @@
-"""ICE servers: the settings' STUN/TURN list as aiortc configuration and as WHEP ``Link`` headers.
+"""ICE servers: the settings' STUN/TURN list as aiortc configuration and as WHEP ``Link`` headers, and TURN
+credentials minted per request from a shared secret (TURN's REST-API scheme, coturn's ``use-auth-secret``).
 
 With no servers configured the server gathers host candidates only. aiortc would
 otherwise fall back to a public STUN server, which costs seconds per answer on a
@@ -7,6 +8,9 @@ network that cannot reach it, so the empty list is always passed explicitly.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -82,3 +86,11 @@ def link_headers(servers: list[IceServer]) -> list[str]:
                 link += f'; credential={_quoted(server.credential)}; credential-type="password"'
             links.append(link)
     return links
+
+
+def turn_rest_credentials(secret: str, ttl_s: int, user: str, now_s: float) -> tuple[str, str]:
+    """A TURN username valid until ``now_s + ttl_s`` for ``user`` and its password: the base64 HMAC-SHA1 of the
+    username under the TURN server's shared secret, which the TURN server recomputes (no password is stored)."""
+    username = f"{int(now_s) + ttl_s}:{user}"
+    digest = hmac.new(secret.encode(), username.encode(), hashlib.sha1).digest()
+    return username, base64.b64encode(digest).decode()

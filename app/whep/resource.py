@@ -57,7 +57,7 @@ class SessionContext:
 class WhepResource:
     def __init__(self, context: SessionContext, voice: VoiceInfo) -> None:
         self.context = context
-        self.id = secrets.token_hex(12)
+        self.id = context.id_prefix + secrets.token_hex(12)
         self.etag = f'"{secrets.token_hex(8)}"'
         """A strong entity-tag for the ICE session; it never changes, as ICE restarts are refused."""
         self.voice = voice

@@ -9,6 +9,7 @@ Errors carry the project's JSON error body.
 
 from __future__ import annotations
 
+import secrets
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
@@ -62,15 +63,22 @@ Session = Annotated[WhepResource, Depends(session_of)]
 
 
 def _location(request: Request, resource: WhepResource) -> str:
-    return f"{request.scope.get('root_path', '')}/whep/{resource.id}"
+    """The session's URL: absolute on this replica's ``public_url`` when set (so a player's later requests reach
+    the replica that holds it), else relative (a balancer routes on the ``<replica_id>~`` the id starts with)."""
+    public_url = endpoint_of(request).settings.public_url.rstrip("/")
+    return f"{public_url or request.scope.get('root_path', '')}/whep/{resource.id}"
 
 
 # -- the endpoint -----------------------------------------------------------------------------------
 
 
 @router.options("/whep", include_in_schema=False)
-async def endpoint_options() -> Response:
-    return Response(status_code=200, headers={"Accept-Post": SDP, "Allow": ENDPOINT_METHODS})
+async def endpoint_options(request: Request) -> Response:
+    """Allowed methods, and the ICE servers (TURN with fresh credentials) for a player that gathers before offering."""
+    response = Response(status_code=200, headers={"Accept-Post": SDP, "Allow": ENDPOINT_METHODS})
+    for link in endpoint_of(request).links(f"preflight-{secrets.token_hex(6)}"):
+        response.headers.append("Link", link)
+    return response
 
 
 @router.get("/whep", status_code=204, response_class=Response)
@@ -121,7 +129,7 @@ async def create_session(request: Request) -> Response:
         media_type=SDP,
         headers={"Location": _location(request, resource), "ETag": resource.etag},
     )
-    for link in endpoint.link_headers:
+    for link in endpoint.links(resource.id):
         response.headers.append("Link", link)
     return response
 

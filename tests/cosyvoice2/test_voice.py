@@ -230,3 +230,29 @@ def test_warmup_runs_on_the_fixture(serving_service: Any, monkeypatch: pytest.Mo
     before = dict(calls)
     serving_service.warmup()
     assert calls == before
+
+
+def test_registered_voices_follow_a_shared_directory(serving_service: Any, prompt: Any) -> None:
+    """Replicas behind a balancer share the voices directory: a voice another replica saved there is served here the
+    first time it is named, listed with the rest, and gone once another replica deletes its file."""
+    from rtvoice.engine import cloning
+    from rtvoice.engine.models.cosyvoice2.voice_store import SavedVoice
+    from rtvoice.engine.voices import VoiceRegistry
+
+    registry = VoiceRegistry(serving_service.voices())
+    registry.cosyvoice = serving_service
+    store = serving_service.store
+    store.save(SavedVoice("elsewhere", "From r2", "en", "", prompt))  # what another replica's registration writes
+    assert "elsewhere" not in registry
+    cloning.sync_voice(registry, "elsewhere")
+    voice = registry.get("elsewhere")
+    assert voice is not None and voice.info.source == "registered" and voice.info.name == "From r2"
+    store.save(SavedVoice("listed", "Listed", "en", "", prompt))
+    cloning.sync_registered(registry)
+    assert "listed" in registry.ids()
+    store.delete("elsewhere")  # deleted through another replica
+    cloning.sync_voice(registry, "elsewhere")
+    assert "elsewhere" not in registry
+    store.delete("listed")
+    cloning.sync_registered(registry)
+    assert "listed" not in registry.ids()

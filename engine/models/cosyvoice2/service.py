@@ -240,6 +240,29 @@ class CosyVoice2Service:
                 log.warning("skipping registered voice %r: %s", saved.voice_id, error)
         return voices
 
+    def stored_voice(self, voice_id: str) -> CosyVoice2Voice | None:
+        """A registered voice read from the voices directory now (another replica sharing the directory may have
+        registered it); None when it is not there or cannot be read. Blocking: a small file."""
+        if self.store is None:
+            return None
+        try:
+            saved = self.store.load(self.store.path(voice_id))
+            if saved.voice_id != voice_id:
+                raise ValueError(f"holds voice {saved.voice_id!r}")
+            return self.make_voice(
+                voice_id,
+                saved.features,
+                name=saved.name,
+                source="registered",
+                description=saved.description,
+                language=saved.language,
+            )
+        except FileNotFoundError:
+            return None
+        except Exception as error:  # a file being replaced, or a bad one: the voice stays unknown here
+            log.warning("cannot read the registered voice %r from %s: %s", voice_id, self.store.directory, error)
+            return None
+
     def voices(self) -> list[CosyVoice2Voice]:
         """The spk2info speakers, then the registered voices."""
         return list(self.speakers.values()) + self.registered_voices()

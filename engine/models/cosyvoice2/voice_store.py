@@ -112,5 +112,11 @@ class VoiceStore:
     def exists(self, voice_id: str) -> bool:
         return self.path(voice_id).exists()
 
+    def ids(self) -> set[str]:
+        """The ids of the voice files in the directory now (other replicas sharing it add and delete them too)."""
+        if not self.directory.is_dir():
+            return set()
+        return {path.stem for path in self.directory.glob("*.pt") if valid_voice_id(path.stem)}
+
     def delete(self, voice_id: str) -> None:
         self.path(voice_id).unlink(missing_ok=True)
