@@ -3,7 +3,13 @@
 The player offers recvonly audio and a DataChannel named "tts", POSTs the offer,
 applies the answer, and logs every decoded audio frame with its arrival time
 and level, so a test can say when speech started and stopped, and every RTP
-header (sequence number, timestamp, marker bit) as it arrives.
+packet (header and payload) as it arrives.
+
+Like a browser, it offers Opus with ``useinbandfec=1`` (``fec``) and, with
+``red``, RFC 2198 redundancy (``red/48000/2``, which it unwraps before aiortc,
+which has no RED, decodes). ``drop`` makes a lossy path: a packet it picks is
+captured (flagged ``dropped``) but never reaches aiortc, so the player's
+receiver reports count it lost.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +29,11 @@ from aioice import stun
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
+from testkit.loss import StreamPacket, red_blocks
 from testkit.polling import wait_for_async
 
+RED_PAYLOAD_TYPE = 63
+"""What Chrome offers RED as."""
 SPEECH_RMS = 0.01
 """A decoded frame louder than this is speech; Opus-coded digital silence decodes far below it."""
 
@@ -43,6 +53,10 @@ class RtpArrival:
     sequence_number: int
     timestamp: int
     marker: int
+    payload_type: int = 0
+    payload: bytes = b""
+    dropped: bool = False
+    """Dropped on the way (``WhepPlayer.drop``): aiortc never saw it."""
 
 
 @dataclass
@@ -51,6 +65,12 @@ class WhepPlayer:
     token: str | None = None
     voice: str | None = None
     datachannel: bool = True
+    fec: bool = True
+    """Offer Opus with ``useinbandfec=1``, as browsers do."""
+    red: bool = False
+    """Offer ``red/48000/2`` beside Opus, as Chrome does."""
+    drop: Callable[[int], bool] | None = None
+    """Given each audio packet's arrival index: whether it is lost on the way."""
     http: httpx.AsyncClient | None = None
     frames: list[Frame] = field(default_factory=list)
     rtp: list[RtpArrival] = field(default_factory=list)
@@ -86,10 +106,26 @@ class WhepPlayer:
     async def offer(self) -> str:
         """Gather and return the offer SDP (recvonly audio, and the "tts" DataChannel)."""
         receiver = self.pc.addTransceiver("audio", direction="recvonly").receiver
+        self._receiver = receiver
         handle = receiver._handle_rtp_packet
 
-        async def log_rtp(packet: Any, arrival_time_ms: int) -> None:  # the headers, before aiortc depacketizes
-            self.rtp.append(RtpArrival(time.monotonic(), packet.sequence_number, packet.timestamp, packet.marker))
+        async def log_rtp(packet: Any, arrival_time_ms: int) -> None:  # the packets, before aiortc depacketizes
+            dropped = self.drop is not None and self.drop(len(self.rtp))
+            self.rtp.append(
+                RtpArrival(
+                    time.monotonic(),
+                    packet.sequence_number,
+                    packet.timestamp,
+                    packet.marker,
+                    packet.payload_type,
+                    packet.payload,
+                    dropped,
+                )
+            )
+            if dropped:
+                return
+            if self.red and packet.payload_type == RED_PAYLOAD_TYPE:  # aiortc decodes the primary block
+                packet.payload_type, packet.payload, _ = red_blocks(packet.payload)
             await handle(packet, arrival_time_ms=arrival_time_ms)
 
         receiver._handle_rtp_packet = log_rtp  # type: ignore[method-assign]  # wraps aiortc's handler to log headers
@@ -100,7 +136,7 @@ class WhepPlayer:
         self.pc.on("track", self._on_track)
         self.pc.on("connectionstatechange", self._on_state)
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        return self.pc.localDescription.sdp
+        return offer_with(self.pc.localDescription.sdp, fec=self.fec, red=self.red)
 
     async def start(self, timeout: float = 20.0) -> WhepPlayer:
         """Offer, POST, answer, and wait until media (and the DataChannel) are up."""
@@ -120,6 +156,9 @@ class WhepPlayer:
         self.location = response.headers["location"]
         self.etag = response.headers.get("etag")
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=response.text, type="answer"))
+        if self.red:  # aiortc routes RTP by the payload types it negotiated, and it knows no RED: route it too
+            router = self._receiver.transport._rtp_router
+            router.payload_type_table.setdefault(RED_PAYLOAD_TYPE, set()).add(self._receiver)
         await asyncio.wait_for(self._connected.wait(), timeout)
         if self.channel is not None:
             await asyncio.wait_for(self._channel_open.wait(), timeout)
@@ -192,6 +231,20 @@ class WhepPlayer:
     def frames_between(self, start: float, end: float) -> list[Frame]:
         return [f for f in self.frames if start <= f.at < end]
 
+    def stream(self) -> list[StreamPacket]:
+        """Every audio packet that arrived, dropped ones too, in sequence order (for ``testkit/loss.py``)."""
+        first = self.rtp[0].sequence_number if self.rtp else 0
+        ordered = sorted(self.rtp, key=lambda p: (p.sequence_number - first) & 0xFFFF)
+        return [StreamPacket(p.timestamp, p.payload_type, p.payload) for p in ordered]
+
+    async def status(self) -> dict[str, Any]:
+        """The session's ``GET /whep/{id}/status``: what it sends now and what this player last reported."""
+        assert self.http is not None
+        response = await self.http.get(f"{self.session_url}/status", headers=self.headers)
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
     # -- ending -----------------------------------------------------------------------------------
 
     async def delete(self) -> httpx.Response:
@@ -208,6 +261,25 @@ class WhepPlayer:
                 self._reader.cancel()
             if self._own_http and self.http is not None:
                 await self.http.aclose()
+
+
+def offer_with(sdp: str, fec: bool, red: bool) -> str:
+    """aiortc's offer with Opus's ``useinbandfec=1`` and, after Opus, ``red/48000/2`` carrying Opus (Chrome's)."""
+    lines = sdp.split("\r\n")
+    opus = next(line.split()[0].split(":")[1] for line in lines if line.endswith(" opus/48000/2"))
+    out: list[str] = []
+    for line in lines:
+        if line.startswith("m=audio ") and red:
+            parts = line.split()
+            parts.insert(parts.index(opus) + 1, str(RED_PAYLOAD_TYPE))
+            line = " ".join(parts)
+        out.append(line)
+        if line == f"a=rtpmap:{opus} opus/48000/2":
+            if fec:
+                out.append(f"a=fmtp:{opus} minptime=10;useinbandfec=1")
+            if red:
+                out += [f"a=rtpmap:{RED_PAYLOAD_TYPE} red/48000/2", f"a=fmtp:{RED_PAYLOAD_TYPE} {opus}/{opus}"]
+    return "\r\n".join(out)
 
 
 class StunResponder:

@@ -83,6 +83,9 @@ class WhepEndpoint:
             metrics=self.metrics,
             spawn=self.spawn,
             on_closed=self.forget,
+            id_prefix=f"{settings.replica_id}~" if settings.replica_id else "",
+            opus_fec=settings.whep_opus_fec,
+            red=settings.whep_red,
         )
 
     # -- sessions -----------------------------------------------------------------------------------

@@ -31,6 +31,13 @@ packet a few frames after speech ends, so from then on that packet is reused
 instead of encoding: a listening session between utterances costs no codec
 work, and none of the per-frame thread hop and level metering aiortc spends on
 raw frames.
+
+Loss protection is per session (``app/whep/adaptation.py`` picks it from the
+player's receiver reports): ``tune`` sets the Opus bit rate and loss hint, with
+in-band FEC where the player offered ``useinbandfec=1`` (a new encoder takes
+over at the next packet, ``engine/audio/encoding.py``), and RFC 2198 redundancy
+where it offered RED: each packet then also carries the one before it, and is
+sent with RED's payload type (set by ``app/whep/marker.py``, like the marker bit).
 """
 
 from __future__ import annotations
@@ -46,7 +53,8 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import Packet
 
-from rtvoice.engine.audio.encoding import OpusPacketEncoder
+from rtvoice.app.whep.red import red_payload
+from rtvoice.engine.audio.encoding import OpusPacketEncoder, OpusTuning
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +64,7 @@ FRAME_SAMPLES = 960
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
 TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 OPUS_BITRATE = 40_000
-"""Mono speech; fullband at this rate is transparent for a TTS voice."""
+"""Mono speech; fullband at this rate is transparent for a TTS voice (a clean link's rate; see adaptation.py)."""
 LATE_S = 0.06
 """A frame pulled this long after it was due counts as late."""
 RTP_TIMESTAMP_MASK = 0xFFFFFFFF
@@ -92,7 +100,15 @@ class SpeechTrack(MediaStreamTrack):
         self._timestamp = 0
         self._speaking = False
         self._talkspurts: deque[int] = deque(maxlen=TALKSPURT_HISTORY)
-        self._encoder = OpusPacketEncoder(SAMPLE_RATE, FRAME_SAMPLES, OPUS_BITRATE)
+        self._encoder = OpusPacketEncoder(SAMPLE_RATE, FRAME_SAMPLES, OpusTuning(OPUS_BITRATE))
+        self.fec = False
+        """The player decodes in-band FEC (it offered ``useinbandfec=1``)."""
+        self.red_payload_types: tuple[int, int] | None = None
+        """(RED's, Opus's) payload types where the player offered RED; None otherwise."""
+        self.red_active = False
+        self._previous: tuple[bytes, int] | None = None
+        """The last Opus packet sent and its timestamp: the redundant block of the next RED packet."""
+        self._red_sent: deque[int] = deque(maxlen=TALKSPURT_HISTORY)
         self.speech_frames_sent = 0
         self.expecting = False
         """Set by the playback queue while an utterance is under way: an empty queue then is an underrun."""
@@ -129,6 +145,47 @@ class SpeechTrack(MediaStreamTrack):
             self._low_water = limit
             self._space.clear()
             await self._space.wait()
+
+    # -- loss protection --------------------------------------------------------------------------
+
+    def negotiated(self, fec: bool, red_payload_types: tuple[int, int] | None) -> None:
+        """What the answer allows: in-band FEC, and RED's and Opus's payload types (None: no RED)."""
+        self.fec = fec
+        self.red_payload_types = red_payload_types
+
+    def tune(self, bit_rate: int, packet_loss_percent: int, red: bool) -> None:
+        """Opus at ``bit_rate`` for ``packet_loss_percent`` loss (FEC where negotiated), and RED where negotiated,
+        from the next packet on."""
+        tuning = OpusTuning(bit_rate, packet_loss_percent, self.fec)
+        if self._start is None and tuning != self._encoder.tuning:  # nothing sent yet: no switch, just this one
+            self._encoder = OpusPacketEncoder(SAMPLE_RATE, FRAME_SAMPLES, tuning)
+        self._encoder.retune(tuning)
+        self.red_active = red and self.red_payload_types is not None
+
+    @property
+    def tuning(self) -> OpusTuning:
+        """What the encoder encodes with (or will, from the next packet)."""
+        return self._encoder.next_tuning
+
+    @property
+    def encoder_switches(self) -> int:
+        return self._encoder.switches
+
+    def payload_type_of(self, timestamp: int) -> int | None:
+        """RED's payload type if the packet with this timestamp (``pts``, modulo 2**32) was sent as RED."""
+        if self.red_payload_types is None or timestamp & RTP_TIMESTAMP_MASK not in self._red_sent:
+            return None
+        return self.red_payload_types[0]
+
+    def _payload(self, opus: bytes) -> bytes:
+        """The packet's payload: the Opus packet, or under RED the previous one and this one (RFC 2198)."""
+        previous, self._previous = self._previous, (opus, self._timestamp)
+        if not self.red_active or self.red_payload_types is None:
+            return opus
+        self._red_sent.append(self._timestamp & RTP_TIMESTAMP_MASK)
+        if previous is None:
+            return red_payload(self.red_payload_types[1], opus, None, 0)
+        return red_payload(self.red_payload_types[1], opus, previous[0], self._timestamp - previous[1])
 
     # -- consumer side (aiortc's RTP sender) -------------------------------------------------------
 
@@ -202,7 +259,7 @@ class SpeechTrack(MediaStreamTrack):
         if first or skipped or (pcm is not None and not self._speaking):
             self._talkspurts.append(self._timestamp & RTP_TIMESTAMP_MASK)
         self._speaking = pcm is not None
-        packet = Packet(self._encoder.encode(pcm))
+        packet = Packet(self._payload(self._encoder.encode(pcm)))
         packet.pts = self._timestamp
         packet.time_base = TIME_BASE
         return packet

@@ -20,12 +20,20 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSession
 from aiortc.rtcdatachannel import RTCDataChannel
 
 from rtvoice.app.errors import error_fields
+from rtvoice.app.whep.adaptation import PROFILES, LinkMonitor, LinkProfile, ReceiverReport
 from rtvoice.app.whep.marker import MarkerBitTransport
 from rtvoice.app.whep.mediastreams import SpeechTrack
 from rtvoice.app.whep.messages import Cancel, SpeakRequest, event, parse_message
 from rtvoice.app.whep.metrics import WhepMetrics
 from rtvoice.app.whep.playback_queue import PlaybackQueue, QueuedUtterance
-from rtvoice.app.whep.sdp import IceFragment, Offer, SdpError, with_rtcp_mux_only
+from rtvoice.app.whep.sdp import (
+    IceFragment,
+    Offer,
+    SdpError,
+    audio_codecs,
+    with_audio_codecs,
+    with_rtcp_mux_only,
+)
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.errors import EngineError, InvalidRequest
 from rtvoice.engine.models.base import VoiceInfo
@@ -52,6 +60,12 @@ class SessionContext:
     """Start a task the endpoint tracks (and waits for at shutdown)."""
     on_closed: Callable[[WhepResource, str], None]
     """Told once, with the reason, when the session closes: it is no longer reachable."""
+    id_prefix: str = ""
+    """What every session id starts with (``<replica_id>~`` behind a balancer, which routes on it)."""
+    opus_fec: bool = True
+    """Opus in-band FEC for players that offer ``useinbandfec=1``."""
+    red: bool = True
+    """RFC 2198 redundancy, under loss, for players that offer ``red/48000/2``."""
 
 
 class WhepResource:
@@ -79,6 +93,8 @@ class WhepResource:
             context.metrics.observe_first_frame,
         )
         self.channels: list[RTCDataChannel] = []
+        self.link: LinkMonitor | None = None
+        """Follows the player's receiver reports once the answer is out."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._offer: Offer | None = None
         self._closing: asyncio.Task[None] | None = None
@@ -114,6 +130,17 @@ class WhepResource:
         sender = transceiver.sender
         marking = MarkerBitTransport(sender.transport, self.track, sender._ssrc)
         sender.setTransport(marking)  # type: ignore[arg-type]  # a proxy that forwards to the RTCDtlsTransport
+        codecs = audio_codecs(offer)  # aiortc accepted the offer, so it has Opus
+        fec = red = False
+        if codecs is not None:
+            fec = self.context.opus_fec and codecs.fec
+            red_types = None
+            if self.context.red and codecs.red_payload_type is not None:
+                red, red_types = True, (codecs.red_payload_type, codecs.opus_payload_type)
+            self.track.negotiated(fec, red_types)
+        self._apply_profile(PROFILES[0])
+        self.link = LinkMonitor(sender.getStats, self._on_report, self._on_profile)
+        self._spawn(self.link.run(), "whep-link")
         if pc.iceGatheringState != "complete":  # aiortc gathers inside setLocalDescription; be sure anyway
             done = asyncio.Event()
 
@@ -124,7 +151,62 @@ class WhepResource:
             pc.on("icegatheringstatechange", on_gathering_state)
             if pc.iceGatheringState != "complete":
                 await asyncio.wait_for(done.wait(), timeout=10)
-        return with_rtcp_mux_only(pc.localDescription.sdp)
+        answer_sdp = pc.localDescription.sdp
+        if codecs is not None:
+            answer_sdp = with_audio_codecs(answer_sdp, codecs, fec=fec, red=red)
+        return with_rtcp_mux_only(answer_sdp)
+
+    # -- loss protection ----------------------------------------------------------------------------
+
+    def _apply_profile(self, profile: LinkProfile) -> bool:
+        """Tune the track to ``profile``; whether the encoder changes (a new one takes over)."""
+        before = self.track.tuning
+        self.track.tune(profile.bit_rate, profile.packet_loss_percent, profile.red)
+        return self.track.tuning != before
+
+    def _on_report(self, report: ReceiverReport) -> None:
+        self.context.metrics.observe_report(report)
+
+    def _on_profile(self, profile: LinkProfile, report: ReceiverReport, smoothed_loss: float) -> None:
+        if self._apply_profile(profile):
+            self.context.metrics.encoder_switches.inc()
+        rtt = "unknown" if report.round_trip_s is None else f"{report.round_trip_s * 1000:.0f} ms"
+        log.info(
+            "whep session %s: loss %.1f%% (smoothed %.1f%%), jitter %.1f ms, rtt %s -> %s: %d kbit/s, "
+            "FEC %s (hint %d%%), RED %s",
+            self.id,
+            report.fraction_lost * 100,
+            smoothed_loss * 100,
+            report.jitter_s * 1000,
+            rtt,
+            profile.name,
+            profile.bit_rate // 1000,
+            "on" if self.track.fec else "off",
+            profile.packet_loss_percent,
+            "on" if self.track.red_active else ("off" if self.track.red_payload_types else "not offered"),
+        )
+
+    def status(self) -> dict[str, Any]:
+        """What the session sends now and what its player last reported (``GET /whep/{id}/status``)."""
+        tuning = self.track.tuning
+        report = self.link.last_report if self.link else None
+        return {
+            "profile": self.link.buckets.profile.name if self.link else PROFILES[0].name,
+            "bit_rate": tuning.bit_rate,
+            "fec": tuning.fec,
+            "fec_loss_percent": tuning.packet_loss_percent,
+            "red": {"negotiated": self.track.red_payload_types is not None, "active": self.track.red_active},
+            "encoder_switches": self.track.encoder_switches,
+            "receiver_reports": self.link.reports if self.link else 0,
+            "smoothed_loss": self.link.buckets.loss if self.link else 0.0,
+            "last_report": None
+            if report is None
+            else {
+                "fraction_lost": report.fraction_lost,
+                "jitter_s": report.jitter_s,
+                "round_trip_s": report.round_trip_s,
+            },
+        }
 
     # -- trickle ICE --------------------------------------------------------------------------------
 

@@ -172,6 +172,12 @@ async def patch_session(request: Request, session: Session) -> Response:
     return Response(status_code=204)
 
 
+@router.get("/whep/{session_id}/status")
+async def session_status(session: Session) -> Response:
+    """What the session sends now (Opus bit rate, FEC and its loss hint, RED) and what its player last reported."""
+    return JSONResponse(session.status())
+
+
 @router.delete("/whep/{session_id}", status_code=200, response_class=Response)
 async def delete_session(session: Session) -> Response:
     """End the session: peer connection closed, speech cancelled, everything freed before the answer."""

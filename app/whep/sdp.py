@@ -1,4 +1,5 @@
-"""What WHEP needs from SDP: checking a player's offer, and reading trickle-ICE fragments (RFC 8840)."""
+"""What WHEP needs from SDP: checking a player's offer, the Opus FEC and RED it allows and the answer saying so,
+and reading trickle-ICE fragments (RFC 8840)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,68 @@ def with_rtcp_mux_only(sdp: str) -> str:
         out.append(line)
         if line == "a=rtcp-mux" and "a=rtcp-mux-only" not in lines:
             out.append("a=rtcp-mux-only")
+    return "\r\n".join(out)
+
+
+OPUS_FMTP_FEC = "useinbandfec=1"
+RED_RTPMAP = "red/48000/2"
+
+
+@dataclass(frozen=True)
+class AudioCodecs:
+    """What the player's offer allows beyond plain Opus on the answered audio m-line."""
+
+    opus_payload_type: int
+    fec: bool
+    """The offer's Opus ``fmtp`` says ``useinbandfec=1``: the player decodes in-band FEC (RFC 7587)."""
+    red_payload_type: int | None
+    """The offer's ``red/48000/2`` whose ``fmtp`` names only Opus (``111/111``): RFC 2198 redundancy."""
+
+
+def audio_codecs(offer: Offer) -> AudioCodecs | None:
+    """Opus FEC and RED as the offer's first audio m-line (the one answered) allows them; None without Opus."""
+    media = next(m for m in offer.description.media if m.kind == "audio")
+    opus = next((c for c in media.rtp.codecs if c.mimeType.lower() == "audio/opus" and c.clockRate == 48000), None)
+    if opus is None or opus.payloadType is None:
+        return None
+    fec = str(opus.parameters.get("useinbandfec", "0")) == "1"
+    red = None
+    for codec in media.rtp.codecs:
+        if codec.mimeType.lower() == "audio/red" and codec.clockRate == 48000 and codec.channels == 2:
+            blocks = next(iter(codec.parameters), "")  # aiortc reads "111/111" as a key without value
+            if blocks and all(b == str(opus.payloadType) for b in blocks.split("/")):
+                red = codec.payloadType
+                break
+    return AudioCodecs(opus.payloadType, fec, red)
+
+
+def with_audio_codecs(sdp: str, codecs: AudioCodecs, fec: bool, red: bool) -> str:
+    """The answer with Opus's ``useinbandfec=1`` (``fec``) and RED beside Opus (``red``) on its audio m-line.
+
+    aiortc answers Opus alone and without ``fmtp``; the track does FEC and RED itself, so the answer says so.
+    """
+    red_type = codecs.red_payload_type if red else None
+    if not fec and red_type is None:
+        return sdp
+    opus = str(codecs.opus_payload_type)
+    lines = sdp.split("\r\n")
+    has_fmtp = any(line.startswith(f"a=fmtp:{opus} ") for line in lines)
+    out: list[str] = []
+    seen_audio = in_audio = False
+    for line in lines:
+        if line.startswith("m="):
+            in_audio = line.startswith("m=audio ") and not seen_audio  # the first audio m-line: the one answered
+            seen_audio = seen_audio or in_audio
+            if in_audio and red_type is not None:
+                line = f"{line} {red_type}"  # after Opus: Opus stays the preferred payload
+        elif in_audio and fec and line.startswith(f"a=fmtp:{opus} ") and OPUS_FMTP_FEC not in line:
+            line = f"{line};{OPUS_FMTP_FEC}"
+        out.append(line)
+        if in_audio and line.startswith(f"a=rtpmap:{opus} "):
+            if fec and not has_fmtp:
+                out.append(f"a=fmtp:{opus} minptime=10;{OPUS_FMTP_FEC}")
+            if red_type is not None:
+                out += [f"a=rtpmap:{red_type} {RED_RTPMAP}", f"a=fmtp:{red_type} {opus}/{opus}"]
     return "\r\n".join(out)
 
 

@@ -166,6 +166,30 @@ class AvEncoder:
 
 SETTLE_FRAMES = 4
 """Silent frames encoded after speech before an Opus encoder's output is its steady silence packet."""
+LOOKAHEAD_SAMPLES_48K = 312
+"""libopus's lookahead (6.5 ms): a new encoder's first packet has zeros where the old one's last frame ended."""
+QUIET_PEAK = 328
+"""A frame edge whose samples stay below this (-40 dBFS) loses nothing audible to a new encoder's zeros."""
+MAX_SWITCH_WAIT_FRAMES = 50
+"""A retune waits at most this many frames (1 s of 20 ms frames) for a quiet edge, then switches anyway."""
+
+
+@dataclass(frozen=True)
+class OpusTuning:
+    """What libopus takes only when an encoder is opened (PyAV sets no encoder control later)."""
+
+    bit_rate: int
+    packet_loss_percent: int = 0
+    """The loss the encoder expects (``packet_loss``): libopus spends more on in-band FEC, and leans less on
+    earlier frames, the higher it is."""
+    fec: bool = False
+    """In-band FEC (``fec``): each packet carries a coarse copy of the frame before it (SILK's LBRR)."""
+
+    def codec_options(self) -> dict[str, str]:
+        options = {"application": "voip", "packet_loss": str(self.packet_loss_percent)}
+        if self.fec:
+            options["fec"] = "1"
+        return options
 
 
 class OpusPacketEncoder:
@@ -173,46 +197,99 @@ class OpusPacketEncoder:
 
     Silence settles to one identical packet a few frames after speech ends, so from then on that
     packet is reused instead of encoding: a listener between utterances costs no codec work.
+
+    ``retune`` changes bit rate, loss hint and FEC: libopus takes them at open time only (PyAV sets
+    no encoder control later), so a new encoder takes over, one packet per frame as before. Its first
+    packet is coded on its own (libopus's first frame does not lean on earlier ones, so the player's
+    decoder, which holds the old encoder's frames, decodes it right; an encoder fed the old frames first
+    would code against frames the player never got). It starts from zeros, though, where the old
+    encoder's last ``LOOKAHEAD_SAMPLES_48K`` samples were still to come: so the switch waits for silence,
+    or a frame edge quiet on both sides, for up to ``MAX_SWITCH_WAIT_FRAMES``.
     """
 
-    def __init__(self, sample_rate: int, frame_samples: int, bit_rate: int) -> None:
+    def __init__(self, sample_rate: int, frame_samples: int, tuning: OpusTuning) -> None:
         self.sample_rate = sample_rate
         self.frame_samples = frame_samples
+        self.tuning = tuning
+        self._pending: OpusTuning | None = None
         self._time_base = fractions.Fraction(1, sample_rate)
-        self._codec = av.CodecContext.create("libopus", "w")
-        self._codec.bit_rate = bit_rate
-        self._codec.format = "s16"
-        self._codec.layout = "mono"
-        self._codec.sample_rate = sample_rate
-        self._codec.time_base = self._time_base
-        self._codec.options = {"application": "voip"}
         self.encoded = 0
+        self.switches = 0
+        """Encoders that took over from an earlier one (``retune``)."""
+        self._waited = 0
+        self._last: np.ndarray | None = None
+        self._lookahead = LOOKAHEAD_SAMPLES_48K * sample_rate // 48_000
+        self._zeros = np.zeros(frame_samples, dtype=np.int16)
+        self._codec = self._open(self.tuning)
         self._silent_run = SETTLE_FRAMES  # a fresh encoder reaches the steady packet as fast as after speech
         self._silence = self._steady_silence()
 
+    def _open(self, tuning: OpusTuning) -> av.AudioCodecContext:
+        codec = av.CodecContext.create("libopus", "w")
+        assert isinstance(codec, av.AudioCodecContext)
+        codec.bit_rate = tuning.bit_rate
+        codec.format = "s16"
+        codec.layout = "mono"
+        codec.sample_rate = self.sample_rate
+        codec.time_base = self._time_base
+        codec.options = tuning.codec_options()
+        return codec
+
     def _encode(self, pcm: np.ndarray) -> bytes:
         self.encoded += 1
+        self._last = pcm
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = self.sample_rate
         frame.time_base = self._time_base
         return b"".join(bytes(p) for p in self._codec.encode(frame))
 
     def _steady_silence(self) -> bytes:
-        zeros = np.zeros(self.frame_samples, dtype=np.int16)
         packet = b""
         for _ in range(SETTLE_FRAMES + 2):
-            packet = self._encode(zeros)
+            packet = self._encode(self._zeros)
         return packet
+
+    @property
+    def next_tuning(self) -> OpusTuning:
+        """The tuning of the next packet."""
+        return self._pending or self.tuning
+
+    def retune(self, tuning: OpusTuning) -> None:
+        """Encode with ``tuning`` from the next frame on (a new encoder takes over then)."""
+        self._pending = None if tuning == self.tuning else tuning
+
+    def _quiet_edge(self, pcm: np.ndarray | None) -> bool:
+        """Whether the old encoder's unsent tail and this frame's head are (near) silent."""
+        edges = [] if self._last is None else [self._last[-self._lookahead :]]
+        if pcm is not None:
+            edges.append(pcm[: self._lookahead])
+        return all(int(np.abs(e.astype(np.int32)).max(initial=0)) < QUIET_PEAK for e in edges)
+
+    def _switch(self, tuning: OpusTuning) -> None:
+        self._codec = self._open(tuning)
+        self.tuning = tuning
+        self.switches += 1
+        self._waited = 0
+        settled = self._silent_run >= SETTLE_FRAMES
+        self._silence = self._steady_silence()
+        if not settled:  # the steady silence was made on the new encoder: start it afresh for what follows
+            self._codec = self._open(tuning)
 
     def encode(self, pcm: np.ndarray | None) -> bytes:
         """One frame's packet; None is a frame of silence."""
+        if self._pending is not None:
+            if self._quiet_edge(pcm) or self._waited >= MAX_SWITCH_WAIT_FRAMES:
+                self._switch(self._pending)
+                self._pending = None
+            else:
+                self._waited += 1
         if pcm is not None:
             self._silent_run = 0
             return self._encode(pcm)
         if self._silent_run >= SETTLE_FRAMES:
             return self._silence
         self._silent_run += 1
-        return self._encode(np.zeros(self.frame_samples, dtype=np.int16))
+        return self._encode(self._zeros)
 
 
 def create_encoder(format_name: str, sample_rate: int) -> Encoder:
