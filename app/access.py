@@ -7,9 +7,10 @@ may also use the query parameter ``api_key`` (browsers cannot set headers there)
 compared, each in constant time (``hmac.compare_digest``), so the time taken tells nothing about which one,
 if any, came close.
 
-Open without a key: ``/healthz``, ``/readyz``, the demo page and its files, the API docs, CORS preflights, and
-``/metrics`` unless ``RTVOICE_METRICS_REQUIRE_KEY``. The deprecated ``RTVOICE_WHEP_TOKEN`` is one more key,
-named ``whep-token``, that opens the WHEP routes only (as it did); alone, it leaves the other routes open.
+Open without a key: ``/healthz``, ``/readyz``, ``/v1/info``, the demo page, its files and favicon, the API docs,
+CORS preflights, and ``/metrics`` unless ``RTVOICE_METRICS_REQUIRE_KEY``. The deprecated ``RTVOICE_WHEP_TOKEN`` is
+one more key, named ``whep-token``, that opens the WHEP routes only (as it did); alone, it leaves the other routes
+open.
 
 Quotas hold per key: ``RTVOICE_KEY_REQUESTS_PER_MINUTE`` (a token bucket: that many at once, refilled evenly
 over a minute) and ``RTVOICE_KEY_MAX_STREAMS`` (requests in flight, WebSocket connections and WHEP sessions).
@@ -38,7 +39,9 @@ from rtvoice.engine.errors import EngineError
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/", "/docs", "/docs/oauth2-redirect", "/openapi.json"})
+OPEN_PATHS = frozenset(
+    {"/healthz", "/readyz", "/", "/favicon.ico", "/v1/info", "/docs", "/docs/oauth2-redirect", "/openapi.json"}
+)
 OPEN_PREFIXES = ("/web/", "/static-offline-docs/")
 WHEP_PREFIXES = ("/whep", "/debug/whep")
 WHEP_TOKEN_NAME = "whep-token"

@@ -10,7 +10,6 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -18,6 +17,7 @@ from pydantic import ValidationError
 
 from rtvoice.app import logs
 from rtvoice.app.fields import MAX_SPEED, MIN_SPEED
+from rtvoice.app.info import package_version
 from rtvoice.app.settings import Settings
 from rtvoice.engine.audio.encoding import FORMATS, AudioFormat, wav_header
 from rtvoice.engine.audio.resample import SUPPORTED_SAMPLE_RATES
@@ -48,13 +48,6 @@ EXTENSION_FORMATS = {
     ".raw": "pcm",
 }
 """``say``'s output format, by the output file's extension."""
-
-
-def package_version() -> str:
-    try:
-        return version("rtvoice")
-    except PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown (not installed)"
 
 
 def _setting_help(field_name: str) -> str:

@@ -106,7 +106,10 @@ async def sse_body(
                 yield sse_event({"type": MARK_EVENT, **mark_fields(item)})
             else:
                 yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(item).decode()})
-        yield sse_event({"type": "speech.audio.done", "usage": usage(stream)})
+        # ttfa_ms, an extension: the server's time to first audio, for a client to set beside its own.
+        ttfa_s = stream.stats().ttfa_s
+        ttfa_ms = None if ttfa_s is None else round(ttfa_s * 1000, 1)
+        yield sse_event({"type": "speech.audio.done", "usage": usage(stream), "ttfa_ms": ttfa_ms})
     except EngineError as error:
         yield sse_event({"type": "error", **engine_error_body(error)})
         raise

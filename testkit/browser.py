@@ -29,6 +29,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--disable-quic",
     "--mute-audio",
+    "--use-fake-device-for-media-stream",  # a microphone that plays a tone, granted without asking (the page's
+    "--use-fake-ui-for-media-stream",  # recording of a cloning prompt)
 ]
 WHEP_PLAYER_DIR = Path(__file__).resolve().parent.parent / "tests" / "whep_player"
 """The player page stays with the tests that drive it; ``make whep-player`` installs its npm package there."""

@@ -71,7 +71,7 @@ def test_sse_event_shapes(server: Server) -> None:
     assert deltas and all(e["type"] == "speech.audio.delta" and set(e) == {"type", "audio"} for e in deltas)
     assert [w["text"] for w in words] == [w for w in TEXT.replace(",", "").replace(".", "").split()]
     assert all(TEXT[w["char_start"] : w["char_end"]] == w["text"] and not w["approximate"] for w in words)
-    assert done["type"] == "speech.audio.done"
+    assert done["type"] == "speech.audio.done" and 0 < done["ttfa_ms"] < 60_000  # rtvoice's extension field
     usage = done["usage"]
     assert set(usage) == {"input_tokens", "output_tokens", "total_tokens"}
     assert all(isinstance(v, int) and v > 0 for v in usage.values())

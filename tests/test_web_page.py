@@ -153,7 +153,8 @@ def test_a_keyed_server_asks_for_the_key_and_every_transport_sends_it(chromium, 
         page = context.new_page()
         page.goto(keyed.url + "/")
         page.wait_for_selector("#api-key", state="visible", timeout=10_000)
-        assert "API key" in page.inner_text("#state")
+        page.wait_for_selector("#error[role=alert]:not([hidden])", timeout=10_000)
+        assert "API key" in page.inner_text("#error") and page.evaluate("window.rtvoice.info.keys_required")
         assert page.eval_on_selector_all("#voice option", "options => options.length") == 0
         page.fill("#api-key", "sk-page-0123456789")
         page.dispatch_event("#api-key", "change")
@@ -165,6 +166,8 @@ def test_a_keyed_server_asks_for_the_key_and_every_transport_sends_it(chromium, 
     finally:
         context.close()
     assert keyed.metric("rtvoice_key_requests_total", {"key": "page"}) >= 4  # voices, HTTP, WebSocket, WHEP
+    info = httpx.get(f"{keyed.url}/v1/info")  # open, as the page needs it before it has a key
+    assert info.status_code == 200 and info.json()["keys_required"] is True
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ Client to server::
     {"type": "tts_request", "text": "...", "speaker_id": "en_US-joe-medium", "request_id": "r1", "speed": 1.0}
     {"type": "cancel"}
 
-``speaker_id`` may also be spelled ``voice``; it, ``request_id`` and ``speed`` are optional.
+``speaker_id`` may also be spelled ``voice``; it, ``request_id``, ``speed`` and ``seed`` are optional.
 Server to client: ``accepted``, ``audio_start``, ``word``, ``mark``, ``done`` (with ``ignored`` when the text's
 markup asked for something that was not done), ``cancelled`` and ``error`` events (see ``event``), each a JSON
 object with a ``type``.
@@ -38,6 +38,7 @@ class SpeakRequest(BaseModel):
         description="The client's id for this utterance; the server makes one when omitted.",
     )
     speed: Speed = 1.0
+    seed: int | None = Field(None, description="Makes the voice's random draws reproducible.")
     normalize: Normalize = True
     input_type: InputType = "auto"
     lexicons: Lexicons = Field(default_factory=list)

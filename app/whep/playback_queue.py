@@ -117,7 +117,7 @@ class PlaybackQueue:
         speech = SynthesisRequest(
             text=request.text,
             voice=self.voice.id if request.voice is None else request.voice,
-            options=SynthesisOptions(speed=request.speed),
+            options=SynthesisOptions(speed=request.speed, seed=request.seed),
             normalize=request.normalize,
             text_type=request.input_type,
             lexicons=tuple(request.lexicons),

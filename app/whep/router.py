@@ -204,6 +204,7 @@ async def delete_session(session: Session) -> Response:
                             "voice": {"type": "string"},
                             "request_id": {"type": "string"},
                             "speed": {"type": "number", "minimum": MIN_SPEED, "maximum": MAX_SPEED},
+                            "seed": {"type": ["integer", "null"]},
                             "normalize": {"type": "boolean", "default": True},
                             "input_type": {"type": "string", "enum": ["auto", "ssml", "text"], "default": "auto"},
                             "lexicons": {"type": "array", "items": {"type": "string"}},

@@ -461,3 +461,35 @@ def test_ssml_on_a_cosyvoice2_voice(cv_server: Server) -> None:
     assert np.array_equal(alias, plain)
     _, response = pcm('<speak><phoneme alphabet="ipa" ph="h\u0259lo\u028a">Hello</phoneme> there.</speak>')
     assert "phoneme" in response.headers["x-ssml-ignored"]  # no phoneme input: the word is spoken instead
+
+
+def test_the_page_clones_from_a_recording(chromium, cv_server: Server) -> None:  # type: ignore[no-untyped-def]
+    """The playground's cloning panel, shown because /v1/info says a model clones: a prompt recorded from Chromium's
+    fake microphone (a tone), tried once through /inference_zero_shot, saved as a voice and deleted again."""
+    assert httpx.get(f"{cv_server.url}/v1/info").json()["cloning"] is True
+    context = chromium.new_context()
+    try:
+        page = context.new_page()
+        page.goto(cv_server.url + "/")
+        page.wait_for_selector("#clone:not([hidden])", timeout=20_000)
+        page.fill("#text", "Hello.")
+        page.click("#clone-record")  # five seconds of the fake microphone
+        page.wait_for_function("window.rtvoice.recordedBytes > 0", timeout=20_000)
+        page.fill("#clone-text", PROMPT_TEXT)
+        page.click("#clone-try")
+        page.wait_for_function("['done', 'error'].includes(window.rtvoice.state)", timeout=120_000)
+        stats = page.evaluate("window.rtvoice")
+        assert stats["errors"] == [] and stats["samplesPlayed"] > 0, stats["errors"]
+        page.fill("#clone-id", "page-voice")
+        page.click("#clone-save")
+        page.wait_for_function(
+            "window.rtvoice.state.startsWith('saved') || window.rtvoice.errors.length > 0", timeout=120_000
+        )
+        assert page.evaluate("window.rtvoice.errors") == []
+        page.wait_for_selector("#voice option[value='page-voice']", state="attached", timeout=10_000)
+        assert httpx.get(f"{cv_server.url}/v1/voices/page-voice").status_code == 200
+        page.click("#clone-delete")
+        page.wait_for_selector("#voice option[value='page-voice']", state="detached", timeout=30_000)
+        assert httpx.get(f"{cv_server.url}/v1/voices/page-voice").status_code == 404
+    finally:
+        context.close()
