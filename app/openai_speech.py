@@ -90,6 +90,7 @@ async def create_speech(request: Request) -> Response:
             text_type=speech.input_type,
             lexicons=tuple(speech.lexicons),
             names=FieldNames(text="input"),
+            words=speech.stream_format == "sse",  # only the SSE events carry words
         )
     )
     encoder = create_encoder(speech.response_format, OPENAI_SAMPLE_RATE)

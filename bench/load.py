@@ -3,6 +3,7 @@
     python -m bench.load                  # the issue-9 targets (about 6 minutes on 2 cores)
     python -m bench.load --levels 1 8 16  # a sweep of listener counts instead; --batching-off and Piper too
     python -m bench.load --levels 24 --join-seconds 0 --no-piper --timeline   # and each utterance's times and gaps
+    python -m bench.load --closed-loop 24       # what the machine makes: clients back to back, against Piper
 
 A simulated listener asks for an utterance, plays it in real time from its first byte (a stall is a gap over
 20 ms with nothing to play) and asks for the next one when playback ends; listeners join one by one over
@@ -31,6 +32,13 @@ level and ratio come from that P. The targets, each run on a fresh rtvoice serve
 - issue case: 7 listeners over 1 s on /v1/audio/speech (pcm)    zero stalled listeners
 - cost x2 (RTVOICE_MODEL_COST_SCALE=2, each model call holds its slot twice as long): its capacity C2 is the
   throughput of 24 at once; then C2/2 listeners joining over 1 s   zero stalled listeners
+
+The real-time rows are capped by playback: 24 listeners cannot play more than about 24 audio seconds per second, so
+where Piper makes about that much they cannot show a ratio much above 1. ``--closed-loop N`` measures what the machine
+makes instead: N clients each asking for the next utterance as soon as the last one's final byte is read (no
+playback), audio seconds received per wall second to the last byte, against Piper's HTTP server with as many clients;
+the two are measured in alternating pairs (rtvoice first, then Piper first, ...), and the figure is the median of the
+pairs' ratios.
 
 The machine's speed drifts (other processes, CPU boost), so compare figures within one run.
 """
@@ -495,6 +503,100 @@ def targets(env: dict[str, str], utterances: int) -> None:
     )
 
 
+# -- closed loop: what the machine makes ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    clients: int
+    audio_per_s: float
+    """Audio seconds received per wall second, from the first request to the last byte."""
+    errors: int
+    rejected: int
+
+
+async def closed_loop(target: Target, count: int, requests_each: int) -> ClosedLoop:
+    """``count`` clients each asking for ``requests_each`` utterances back to back, reading each answer as fast as
+    it comes (no playback): the audio seconds received per wall second, from the first request to the last byte. A
+    run from a standing start to every answer read, rather than a window of a running load: a server that answers
+    whole WAVs answers its clients in step, so a window shorter than many rounds of them would catch some rounds'
+    WAVs or none; the ramp at the start and the tail at the end are there for both servers alike."""
+    each = clients(count)
+    audio = 0.0
+    errors = rejected = 0
+
+    async def ask(index: int, client: httpx.AsyncClient) -> None:
+        nonlocal audio, errors, rejected
+        async with client:
+            for n in range(requests_each):
+                text = UTTERANCES[(index + n) % len(UTTERANCES)]
+                header = WAV_HEADER if target.route == "piper" else 0
+                try:
+                    async with target.request(client, text) as response:
+                        if response.status_code == 503:
+                            rejected += 1
+                            await asyncio.sleep(float(response.headers.get("retry-after", "1")))
+                            continue
+                        if response.status_code != 200:
+                            errors += 1
+                            continue
+                        rate = target.sample_rate(response)
+                        async for chunk in response.aiter_bytes():
+                            skip = min(header, len(chunk))
+                            header -= skip
+                            audio += (len(chunk) - skip) / 2 / rate
+                except httpx.HTTPError:
+                    errors += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(ask(i, client) for i, client in enumerate(each)))
+    return ClosedLoop(count, audio / (time.perf_counter() - start), errors, rejected)
+
+
+def closed_loop_pairs(levels: list[int], env: dict[str, str], pairs: int, requests_each: int) -> None:
+    """Each level in ``pairs`` pairs of runs, rtvoice's and Piper's HTTP server's back to back, which goes first
+    alternating by pair; each pair's ratio is rtvoice's over Piper's, and a level's figure their median (the
+    machine's drift within a run cancels out of a pair)."""
+    try:
+        import flask  # noqa: F401
+    except ImportError:
+        print("piper-tts[http] is not installed (make bench installs it): no reference")
+        return
+    from rtvoice.engine.voices import embedded_voice_path
+
+    server = start_rtvoice(env)
+    piper = start_piper_http(embedded_voice_path())
+    try:
+        ours = Target("rtvoice", server.url, "sft")
+        reference = Target("Piper HTTP server", piper.url, "piper")
+        asyncio.run(run_row("warm-up", ours, server, 2, 1, 0.0))
+        asyncio.run(closed_loop(reference, 2, 1))
+        print(
+            f"\nclosed loop: N clients asking for {requests_each} utterances each back to back, audio s received per "
+            "wall s to the last byte; rtvoice on /inference_sft (pcm), Piper's HTTP server whole WAVs"
+        )
+        columns = ("clients", 7), ("pair", 4), ("first", 7), ("rtvoice", 8), ("Piper", 8), ("ratio", 6), ("503s", 5)
+        print(" ".join(f"{name:>{width}}" for name, width in columns), f"{'errors':>6}")
+        for level in levels:
+            ratios = []
+            for pair in range(pairs):
+                order = [ours, reference] if pair % 2 == 0 else [reference, ours]
+                got = {target.route: asyncio.run(closed_loop(target, level, requests_each)) for target in order}
+                mine, theirs = got["sft"], got["piper"]
+                ratio = mine.audio_per_s / theirs.audio_per_s if theirs.audio_per_s else math.nan
+                ratios.append(ratio)
+                print(
+                    f"{level:7d} {pair + 1:4d} {'rtvoice' if order[0] is ours else 'Piper':>7} "
+                    f"{mine.audio_per_s:8.2f} {theirs.audio_per_s:8.2f} {ratio:6.2f} {mine.rejected:5d} "
+                    f"{mine.errors + theirs.errors:6d}",
+                    flush=True,
+                )
+            print(f"{level:7d} clients: rtvoice / Piper, median of {pairs} pairs = {statistics.median(ratios):.2f}x")
+    finally:
+        server.stop()
+        piper.stop()
+
+
 # -- the sweep --------------------------------------------------------------------------------------
 
 
@@ -561,13 +663,25 @@ def main() -> None:
     )
     parser.add_argument("--no-piper", action="store_true", help="sweep: leave Piper's HTTP server out")
     parser.add_argument(
+        "--closed-loop",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="instead: N clients asking back to back (no playback), audio s received per wall s, against Piper's "
+        "HTTP server in alternating pairs",
+    )
+    parser.add_argument("--pairs", type=int, default=4, help="closed loop: pairs of runs per client count")
+    parser.add_argument("--requests", type=int, default=2, help="closed loop: utterances each client asks for")
+    parser.add_argument(
         "--timeline",
         action="store_true",
         help="sweep: also each utterance's times (asked, first and last byte, end of playback) and its gaps",
     )
     args = parser.parse_args()
     env = dict(item.split("=", 1) for item in args.env)
-    if args.levels:
+    if args.closed_loop:
+        closed_loop_pairs(args.closed_loop, env, args.pairs, args.requests)
+    elif args.levels:
         sweep(
             args.levels,
             env,

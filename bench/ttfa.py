@@ -6,7 +6,10 @@ rtvoice runs as its own process (``/inference_sft``, raw PCM, so the first body
 bytes are audio). In the same run, Piper's Python API (``PiperVoice.synthesize``,
 one audio chunk per sentence) and, when ``piper-tts[http]`` is installed,
 Piper's HTTP server (one WAV per request) speak the same texts with the same
-voice. Figures are p50/p95 over the runs; ratios are Piper / rtvoice.
+voice, interleaved: each round times every system once (the order rotating by
+round). Figures are p50/p95 over the rounds; a ratio is the median over the
+rounds of that round's Piper TTFA / rtvoice TTFA, so the machine's drift within
+the run (other processes, CPU boost) cancels out of it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -38,9 +42,9 @@ TEXTS = {
 
 @dataclass
 class Timing:
-    ttfa_s: list[float]
-    total_s: list[float]
-    audio_s: float
+    ttfa_s: list[float] = field(default_factory=list)
+    total_s: list[float] = field(default_factory=list)
+    audio_s: float = 0.0
 
     def p(self, values: list[float], q: float) -> float:
         ordered = sorted(values)
@@ -58,37 +62,42 @@ class Timing:
     def rtf(self) -> float:
         return statistics.median(self.total_s) / self.audio_s
 
-
-def time_rtvoice(server: Server, text: str, runs: int) -> Timing:
-    ttfa, total, audio_bytes = [], [], 0
-    with httpx.Client(timeout=120) as client:
-        for _ in range(runs + 2):
-            start = time.perf_counter()
-            first = None
-            size = 0
-            with client.stream("POST", f"{server.url}/inference_sft", data={"tts_text": text, "format": "pcm"}) as r:
-                r.raise_for_status()
-                rate = int(r.headers["x-sample-rate"])
-                for chunk in r.iter_bytes():
-                    if chunk and first is None:
-                        first = time.perf_counter() - start
-                    size += len(chunk)
-            ttfa.append(first or 0.0)
-            total.append(time.perf_counter() - start)
-            audio_bytes = size
-    # The first two runs warm connection and caches.
-    return Timing(ttfa[2:], total[2:], audio_bytes / 2 / rate)
+    def add(self, ttfa_s: float, total_s: float, audio_s: float) -> None:
+        self.ttfa_s.append(ttfa_s)
+        self.total_s.append(total_s)
+        self.audio_s = audio_s
 
 
-def time_piper_api(text: str, runs: int) -> Timing:
+Once = Callable[[str], tuple[float, float, float]]
+"""One synthesis of a text: its time to first audio, its whole time and its audio seconds."""
+
+
+def rtvoice_once(client: httpx.Client, server: Server) -> Once:
+    def once(text: str) -> tuple[float, float, float]:
+        start = time.perf_counter()
+        first = None
+        size = 0
+        with client.stream("POST", f"{server.url}/inference_sft", data={"tts_text": text, "format": "pcm"}) as r:
+            r.raise_for_status()
+            rate = int(r.headers["x-sample-rate"])
+            for chunk in r.iter_bytes():
+                if chunk and first is None:
+                    first = time.perf_counter() - start
+                size += len(chunk)
+        return first or 0.0, time.perf_counter() - start, size / 2 / rate
+
+    return once
+
+
+def piper_api_once() -> Once:
     from piper import PiperVoice
 
     from rtvoice.engine.voices import embedded_voice_path
 
     voice = PiperVoice.load(embedded_voice_path())
     list(voice.synthesize("Warm up."))
-    ttfa, total, samples = [], [], 0
-    for _ in range(runs):
+
+    def once(text: str) -> tuple[float, float, float]:
         start = time.perf_counter()
         first = None
         samples = 0
@@ -96,28 +105,45 @@ def time_piper_api(text: str, runs: int) -> Timing:
             if first is None:
                 first = time.perf_counter() - start
             samples += len(chunk.audio_float_array)
-        ttfa.append(first or 0.0)
-        total.append(time.perf_counter() - start)
-    return Timing(ttfa, total, samples / voice.config.sample_rate)
+        return first or 0.0, time.perf_counter() - start, samples / voice.config.sample_rate
+
+    return once
 
 
-def time_piper_http(server: Server, text: str, runs: int) -> Timing:
-    ttfa, total, audio_s = [], [], 0.0
-    with httpx.Client(timeout=120) as client:
-        for _ in range(runs + 2):
-            start = time.perf_counter()
-            first = None
-            body = b""
-            with client.stream("POST", f"{server.url}/synthesize", json={"text": text}) as r:
-                r.raise_for_status()
-                for chunk in r.iter_bytes():
-                    if chunk and first is None:
-                        first = time.perf_counter() - start
-                    body += chunk
-            ttfa.append(first or 0.0)
-            total.append(time.perf_counter() - start)
-            audio_s = (len(body) - 44) / 2 / 22050
-    return Timing(ttfa[2:], total[2:], audio_s)
+def piper_http_once(client: httpx.Client, server: Server) -> Once:
+    def once(text: str) -> tuple[float, float, float]:
+        start = time.perf_counter()
+        first = None
+        body = b""
+        with client.stream("POST", f"{server.url}/synthesize", json={"text": text}) as r:
+            r.raise_for_status()
+            for chunk in r.iter_bytes():
+                if chunk and first is None:
+                    first = time.perf_counter() - start
+                body += chunk
+        return first or 0.0, time.perf_counter() - start, (len(body) - 44) / 2 / 22050
+
+    return once
+
+
+def interleaved(systems: dict[str, Once], text: str, runs: int) -> tuple[dict[str, Timing], dict[str, list[float]]]:
+    """``runs`` rounds, each timing every system once on ``text`` (the order rotating by round, after two rounds
+    that warm connections and caches); each system's timings, and each other system's per-round TTFA ratio to the
+    first's."""
+    names = list(systems)
+    timings = {name: Timing() for name in names}
+    ratios: dict[str, list[float]] = {name: [] for name in names[1:]}
+    for round_ in range(runs + 2):
+        shift = round_ % len(names)
+        measured = {name: systems[name](text) for name in names[shift:] + names[:shift]}
+        if round_ < 2:
+            continue
+        for name, (ttfa_s, total_s, audio_s) in measured.items():
+            timings[name].add(ttfa_s, total_s, audio_s)
+        ours = measured[names[0]][0]
+        for name in names[1:]:
+            ratios[name].append(measured[name][0] / ours)
+    return timings, ratios
 
 
 def main() -> None:
@@ -135,27 +161,30 @@ def main() -> None:
         piper_http = start_piper_http(embedded_voice_path())
     except ImportError:
         print("piper-tts[http] not installed: Piper's HTTP server is left out")
+    rtvoice_client, http_client = httpx.Client(timeout=120), httpx.Client(timeout=120)
     try:
+        systems = {"rtvoice HTTP": rtvoice_once(rtvoice_client, rtvoice), "piper API": piper_api_once()}
+        if piper_http is not None:
+            systems["piper HTTP"] = piper_http_once(http_client, piper_http)
         header = f"{'text':24} {'system':18} {'audio s':>8} {'TTFA p50':>9} {'TTFA p95':>9} {'RTF':>6}"
         print(header)
         print("-" * len(header))
         for label, text in TEXTS.items():
-            results = {
-                "rtvoice HTTP": time_rtvoice(rtvoice, text, args.runs),
-                "piper API": time_piper_api(text, args.runs),
-            }
-            if piper_http is not None:
-                results["piper HTTP"] = time_piper_http(piper_http, text, args.runs)
+            results, ratios = interleaved(systems, text, args.runs)
             for system, t in results.items():
                 print(
                     f"{label:24} {system:18} {t.audio_s:8.2f} {t.ttfa_p50 * 1e3:7.1f}ms {t.ttfa_p95 * 1e3:7.1f}ms "
                     f"{t.rtf:6.3f}"
                 )
-            ours = results["rtvoice HTTP"]
-            for system, t in results.items():
-                if system != "rtvoice HTTP":
-                    print(f"{'':24} TTFA p50 ratio {system} / rtvoice = {t.ttfa_p50 / ours.ttfa_p50:.1f}x")
+            for system, per_round in ratios.items():
+                print(
+                    f"{'':24} TTFA ratio {system} / rtvoice, median of {len(per_round)} rounds = "
+                    f"{statistics.median(per_round):.2f}x (rtvoice / {system}: "
+                    f"{statistics.median(1 / r for r in per_round):.2f}x)"
+                )
     finally:
+        rtvoice_client.close()
+        http_client.close()
         rtvoice.stop()
         if piper_http is not None:
             piper_http.stop()

@@ -369,6 +369,7 @@ class Engine:
             on_end=self.scheduler.stream_ended,
             trim_leading_silence=request.trim_leading_silence,
             text_limit=TextLimit(self.settings.max_text_chars, request.names.text),
+            words=request.words,
         )
         if request.text is not None:  # before admission, which weighs how much audio it asks for
             stream.push_text(request.text)

@@ -127,6 +127,9 @@ class FaultySession(VoiceSession):
     def take_timings(self) -> list[SegmentTimings]:
         return self.inner.take_timings()
 
+    def skip_timings(self) -> None:
+        self.inner.skip_timings()
+
     def segment_length_s(self) -> float | None:
         return self.inner.segment_length_s()
 

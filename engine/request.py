@@ -79,4 +79,7 @@ class SynthesisRequest:
     ``<speed/>``, ``<volume/>``, ``<spell>`` and ``<emotion/>`` (its routes)."""
     lexicons: tuple[str, ...] = ()
     """Uploaded pronunciation lexicons (ids) to read the text with, before the server's own."""
+    words: bool = False
+    """The transport sends word timings and SSML marks (``WordTiming``, ``MarkTiming`` events); without it the
+    stream has none, and its voice skips working them out before its first audio."""
     names: FieldNames = field(default_factory=FieldNames)

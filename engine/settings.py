@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -121,6 +122,13 @@ class EngineSettings(BaseSettings):
     """A stream's calls before its first audio run on every core of the runner (all its slots held) when nothing
     else runs or waits, for the kinds of call its voice measured to finish sooner that way with the same result
     (``Voice.wide_kinds``): a lone request's time to first audio, from cores that would idle."""
+    piper_int8: Literal["auto", "on", "off"] = "off"
+    """int8 for a Piper voice's text-encoder convolutions and its decoder's first two stages (faster first audio and
+    more audio per second on a CPU): ``auto`` takes each part that a quality gate against fp32 passes when the voice
+    first loads (the build and its verdict are kept in ``<data_dir>/int8``; the recogniser it judges words with is the
+    ``int8`` extra, without which ``auto`` stays fp32 and builds nothing), ``on`` takes both whatever the gate says,
+    ``off`` (the default: the gate rejects the embedded voice, and a build costs minutes at a first start; see
+    docs/decisions.md) builds nothing."""
 
     # --- Test hook (engine/faults.py) ----------------------------------------------------------------
     fault_injection: str = ""

@@ -89,9 +89,11 @@ class SpeechStream:
         on_end: Callable[[SpeechStream], None] = lambda stream: None,
         trim_leading_silence: bool = False,
         text_limit: TextLimit | None = None,
+        words: bool = False,
     ) -> None:
         """``wake`` is called when the stream has new work or room; ``on_end`` once, when it ends (any way);
-        ``trim_leading_silence``: see ``AudioOutput``; ``text_limit``: what ``push_text`` holds all its text to."""
+        ``trim_leading_silence``: see ``AudioOutput``; ``text_limit``: what ``push_text`` holds all its text to;
+        ``words``: its events include word timings and marks (``SynthesisRequest.words``)."""
         self.id = next(_ids)
         self.voice = voice
         self.session = session
@@ -112,7 +114,10 @@ class SpeechStream:
         self.created_at = clock()
         self.playback = PlaybackClock(self.created_at)
         self.output = AudioOutput(voice.info.sample_rate, sample_rate, max_buffered_s, wake, trim_leading_silence)
-        self.words = WordClock(voice.info.sample_rate)
+        self.words = WordClock(voice.info.sample_rate) if words else None
+        """None for a stream that sends no words: nothing is timed, by the stream or its voice."""
+        if not words:
+            session.skip_timings()
         self._gains: list[float] = []
         """Each segment's gain (SSML's ``prosody volume``)."""
         self._stretch_rates: list[float] = []
@@ -183,7 +188,8 @@ class SpeechStream:
                 continue
             self.segments.append(item.text)
             self._gains.append(item.prosody.volume)
-            self.words.add_segment(item)
+            if self.words is not None:
+                self.words.add_segment(item)
             native = self.voice.info.varies_rate
             self._stretch_rates.append(1.0 if native else item.prosody.rate)
             self.session.add_segment(item.text, item.prosody.rate if native else 1.0)
@@ -192,7 +198,8 @@ class SpeechStream:
     def _pause(self, pause: Silence) -> float:
         """Silence the text asked for, out now (its segments before it are all out)."""
         samples = round(pause.seconds * self.voice.info.sample_rate)
-        self.output.words(self.words.pause(samples, pause.marks))
+        if self.words is not None:
+            self.output.words(self.words.pause(samples, pause.marks))
         if not samples:
             return 0.0
         audio_s = self.output.silence(np.zeros(samples, dtype=np.float32), max(0, self._segments_done - 1))
@@ -260,21 +267,24 @@ class SpeechStream:
         self.compute_s += compute_s
         audio = self.session.complete(step, result)
         audio, rate = self._stretched(audio, ends_segment=self.session.segments_done > self._segments_done)
-        self.output.words(self.words.timings(self.session.take_timings()))
+        if self.words is not None:
+            self.output.words(self.words.timings(self.session.take_timings()))
         played = None
         audio_s = 0.0
         if audio is not None and len(audio):
             gain = self._gains[self._segments_done] if self._segments_done < len(self._gains) else 1.0
             if gain != 1.0:
                 audio = audio * np.float32(gain)
-            length_s = self.session.segment_length_s()
-            self.output.words(self.words.audio(len(audio), None if length_s is None else length_s / rate))
+            if self.words is not None:
+                length_s = self.session.segment_length_s()
+                self.output.words(self.words.audio(len(audio), None if length_s is None else length_s / rate))
             # The listener's clock counts what went out: a resampler holds back a few milliseconds.
             audio_s = self.output.audio(audio, self._segments_done)
             if audio_s:
                 played = self.playback.play(audio_s, now)
         while self._segments_done < self.session.segments_done:
-            self.output.words(self.words.segment_done())
+            if self.words is not None:
+                self.output.words(self.words.segment_done())
             self.output.segment_done(self._segments_done, self.segments[self._segments_done])
             self._segments_done += 1
             for pause in self._pauses.pop(self._segments_done, []):

@@ -105,6 +105,8 @@ class VoiceRegistry:
                     intra_op_threads=settings.intra_op_threads,
                     wide_threads=settings.wide_call_threads(),
                     measured_dir=settings.data_dir / "measured",
+                    int8=settings.piper_int8,
+                    int8_dir=settings.data_dir / "int8",
                 )
             except Exception as error:  # onnxruntime, JSON and the graph splitter each fail their own way
                 raise VoiceLoadError(f"cannot load the Piper voice {path}: {error}") from error

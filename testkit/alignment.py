@@ -105,7 +105,9 @@ async def speak(
 ) -> tuple[np.ndarray, list[WordTiming]]:
     """The engine's audio and word timings for ``text``."""
     stream = engine.open_stream(
-        SynthesisRequest(text=text, options=SynthesisOptions(seed=seed, speed=speed), sample_rate=sample_rate)
+        SynthesisRequest(
+            text=text, options=SynthesisOptions(seed=seed, speed=speed), sample_rate=sample_rate, words=True
+        )
     )
     chunks: list[np.ndarray] = []
     words: list[WordTiming] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -13,6 +14,10 @@ from testkit.browser import Missing, launch_chromium, skip_or_fail
 from testkit.servers import Server, start_rtvoice
 
 __all__ = ["Server", "settled_audio_seconds"]
+
+# Voices stay fp32 in the suite (in-process engines and every server it starts inherit this): building a voice's int8
+# parts takes minutes of CPU on a fresh data directory. tests/test_piper_int8.py asks for int8 itself.
+os.environ.setdefault("RTVOICE_PIPER_INT8", "off")
 
 PCM_SAMPLE_BYTES = 2
 

@@ -31,7 +31,11 @@ def _synthesize(trim: bool) -> tuple[np.ndarray, list[WordTiming]]:
         try:
             stream = engine.open_stream(
                 SynthesisRequest(
-                    text=TEXT, options=SynthesisOptions(seed=7), sample_rate=RATE, trim_leading_silence=trim
+                    text=TEXT,
+                    options=SynthesisOptions(seed=7),
+                    sample_rate=RATE,
+                    trim_leading_silence=trim,
+                    words=True,
                 )
             )
             events = [event async for event in stream.events()]

@@ -15,8 +15,9 @@ from rtvoice.engine.audio.pcm import to_float32, to_int16
 from rtvoice.engine.audio.resample import resample
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
+from rtvoice.engine.models.piper.session import PiperSession
 from rtvoice.engine.request import SynthesisRequest
-from rtvoice.engine.stream import AudioChunk, SegmentDone, WordTiming
+from rtvoice.engine.stream import AudioChunk, MarkTiming, SegmentDone, WordTiming
 from rtvoice.engine.text import Segmenter
 from testkit.alignment import ALIGNER_RATE, SENTENCES, forced_alignment, speak
 from tests.engine_output import reference_engine
@@ -47,9 +48,9 @@ async def events(
     """Every event of one stream; ``text`` as a list is pushed fragment by fragment."""
     options = SynthesisOptions(seed=seed, speed=speed)
     if isinstance(text, str):
-        stream = engine.open_stream(SynthesisRequest(text=text, options=options, sample_rate=sample_rate))
+        stream = engine.open_stream(SynthesisRequest(text=text, options=options, sample_rate=sample_rate, words=True))
     else:
-        stream = engine.open_stream(SynthesisRequest(options=options, sample_rate=sample_rate))
+        stream = engine.open_stream(SynthesisRequest(options=options, sample_rate=sample_rate, words=True))
         for fragment in text:
             stream.push_text(fragment)
         stream.close_input()
@@ -143,6 +144,26 @@ def test_words_are_ordered_inside_the_audio_and_before_it(engine: Engine) -> Non
             assert sent <= event.start_s + 1e-9, f"{event.text} came after its audio"
     following = [next((e for e in received[received.index(w) :] if isinstance(e, AudioChunk)), None) for w in words]
     assert all(chunk is not None for chunk in following)
+
+
+def test_a_stream_that_sends_no_words_times_nothing_and_sounds_the_same(engine: Engine) -> None:
+    """A transport that sends no words (``SynthesisRequest.words`` False) gets neither words nor marks, its voice
+    works out no token timings before its first audio, and its audio is the same, sample for sample."""
+    text = '<speak>It costs $100. <mark name="m"/>Then <break time="200ms"/>we walked home.</speak>'
+
+    async def spoken(words: bool) -> tuple[list[object], PiperSession]:
+        request = SynthesisRequest(text=text, options=SynthesisOptions(seed=4), words=words)
+        stream = engine.open_stream(request)
+        assert isinstance(stream.session, PiperSession)
+        return [event async for event in stream.events()], stream.session
+
+    timed, _ = run(engine, spoken(True))
+    untimed, session = run(engine, spoken(False))
+    assert words_of(timed) and any(isinstance(e, MarkTiming) for e in timed)
+    assert not [e for e in untimed if isinstance(e, (WordTiming, MarkTiming))]
+    assert session.timings == []  # the encoder's results carried no token timings
+    pcm = [np.concatenate([e.pcm for e in got if isinstance(e, AudioChunk)]) for got in (timed, untimed)]
+    assert len(pcm[0]) > 16_000 and np.array_equal(pcm[0], pcm[1])
 
 
 def test_resampled_rates_give_the_same_times(engine: Engine) -> None:

@@ -82,10 +82,10 @@ NAMES = FieldNames(
 """Cartesia's names for the request's fields."""
 
 
-def synthesis_request(request: SpeechRequest, text: str | None) -> SynthesisRequest:
-    """The engine request of a Cartesia request. Cartesia's own voice ids (UUIDs), which no rtvoice voice has,
-    speak with the default voice, so a client switched from Cartesia keeps working; any other unknown name is an
-    error."""
+def synthesis_request(request: SpeechRequest, text: str | None, words: bool = False) -> SynthesisRequest:
+    """The engine request of a Cartesia request (``words``: its timestamps are sent). Cartesia's own voice ids
+    (UUIDs), which no rtvoice voice has, speak with the default voice, so a client switched from Cartesia keeps
+    working; any other unknown name is an error."""
     if request.voice.mode != "id":
         raise InvalidRequest(
             "voice embeddings are not supported; give a voice by id (voice.mode 'id')",
@@ -104,6 +104,7 @@ def synthesis_request(request: SpeechRequest, text: str | None) -> SynthesisRequ
         lexicons=tuple(request.lexicons),
         inline_tags="cartesia",  # Pipecat's Cartesia service puts Cartesia's tags into plain transcripts
         names=NAMES,
+        words=words,
     )
 
 

@@ -160,7 +160,7 @@ class Connection:
             context.input_closed = True
 
     def _open(self, context_id: str, request: GenerationRequest) -> Context:
-        speech = synthesis_request(request, None)
+        speech = synthesis_request(request, None, words=request.add_timestamps)
         encoder = cartesia_encoder(request.output_format, ("raw",))
         stream = self.engine.open_stream(speech)
         track_stream(stream)

@@ -90,6 +90,7 @@ class Connection:
             sample_rate=start.sample_rate,
             text_type=start.input_type,
             lexicons=tuple(start.lexicons),
+            words=True,
         )
         voice = self.engine.validate(config)
         self.config = replace(config, voice=voice.id)

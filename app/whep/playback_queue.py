@@ -124,6 +124,7 @@ class PlaybackQueue:
             sample_rate=SAMPLE_RATE,
             trim_leading_silence=True,  # the voice's silence before its first sound would only delay the player
             names=FieldNames(voice=request.voice_param),
+            words=True,  # the DataChannel's word and mark events
         )
         # Checked now either way; opened now when nothing plays before it, else when its turn comes.
         stream = None if self._pending else self.engine.open_stream(speech)

@@ -225,6 +225,11 @@ class VoiceSession(ABC):
         voice that has none keeps this default, and the stream estimates its word times instead."""
         return []
 
+    def skip_timings(self) -> None:
+        """The stream sends no words: ``take_timings`` will not be asked, so a voice that works timings out at a
+        cost may stop (called before the first step); a voice whose timings cost nothing keeps this default."""
+        return None
+
     def segment_length_s(self) -> float | None:
         """The current segment's whole audio length once the voice knows it before all of it is made (a
         CosyVoice2 segment's once its LM has stopped), else None: word time estimates are spread over it."""

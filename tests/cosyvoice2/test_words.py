@@ -34,7 +34,7 @@ def stream_events(service: Any, voice: Any, text: str, seed: int) -> list[object
         await engine.start()
         try:
             stream = engine.open_stream(
-                SynthesisRequest(text=text, voice=voice.info.id, options=SynthesisOptions(seed=seed))
+                SynthesisRequest(text=text, voice=voice.info.id, options=SynthesisOptions(seed=seed), words=True)
             )
             return [event async for event in stream.events()]
         finally:

@@ -92,7 +92,8 @@ def _conv_width(node: onnx.NodeProto) -> int:
     return 1
 
 
-def _ancestors(targets: set[str], nodes: list[onnx.NodeProto], producer: dict[str, int]) -> set[int]:
+def ancestors(targets: set[str], nodes: list[onnx.NodeProto], producer: dict[str, int]) -> set[int]:
+    """Indices of the nodes that ``targets`` are computed from (``producer``: each tensor's node)."""
     seen: set[int] = set()
     stack = [producer[t] for t in targets if t in producer]
     while stack:
@@ -135,7 +136,7 @@ def split(model: onnx.ModelProto) -> PiperGraphs:
     constants = {i for i, n in enumerate(nodes) if n.op_type == "Constant"}
 
     latent = _decoder_input(nodes, producer)
-    to_latent = _ancestors({latent}, nodes, producer)
+    to_latent = ancestors({latent}, nodes, producer)
     noise_nodes = [i for i, n in enumerate(nodes) if n.op_type == "RandomNormalLike"]
     prior_candidates = [i for i in noise_nodes if i in to_latent]
     if not prior_candidates:
@@ -219,7 +220,7 @@ def _durations(frame_mask: str, nodes: list[onnx.NodeProto], producer: dict[str,
     """The rounded per-phoneme durations: the one ``Ceil`` the frame mask is computed from (VITS sums them into
     the frame count, ``y_lengths``, whose sequence mask is the frame mask)."""
     ceilings = [
-        i for i in _ancestors({frame_mask}, nodes, producer) if nodes[i].op_type == "Ceil" and i in encoder_nodes
+        i for i in ancestors({frame_mask}, nodes, producer) if nodes[i].op_type == "Ceil" and i in encoder_nodes
     ]
     if len(ceilings) != 1:
         raise GraphSplitError(f"expected one Ceil (the phoneme durations) before the frame mask, found {len(ceilings)}")
@@ -269,7 +270,7 @@ def noise_channels(model: onnx.ModelProto, noise_output: str) -> int:
     nodes = list(graph.node)
     producer = {t: i for i, n in enumerate(nodes) for t in n.output if t}
     draw = nodes[producer[noise_output]]
-    members = _ancestors({draw.input[0]}, nodes, producer)
+    members = ancestors({draw.input[0]}, nodes, producer)
     used = {t for i in members for t in nodes[i].input}
     inputs = [i for i in graph.input if i.name in used]
     probe = helper.make_graph(

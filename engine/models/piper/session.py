@@ -76,6 +76,8 @@ class PiperSession(VoiceSession):
         """True from a segment added while nothing was being synthesised until its first audio."""
         self.timings: list[SegmentTimings] = []
         """Token timings of encoded segments, until the stream takes them."""
+        self.times_words = True
+        """Whether encoding works out token timings (the stream sends words)."""
 
     @property
     def idle(self) -> bool:
@@ -84,6 +86,9 @@ class PiperSession(VoiceSession):
     def take_timings(self) -> list[SegmentTimings]:
         timings, self.timings = self.timings, []
         return timings
+
+    def skip_timings(self) -> None:
+        self.times_words = False
 
     def add_segment(self, text: str, rate: float = 1.0) -> None:
         if self.idle:
@@ -111,6 +116,7 @@ class PiperSession(VoiceSession):
                 length_scale=self.pending[0].length_scale,
                 noise_scale=v.config.noise_scale,
                 noise_w=v.config.noise_w_scale,
+                timings=self.times_words,
             )
             # Batch keys carry a size bucket: padding a short step to a long one's length would slow the short one.
             size_bucket = len(job.text) // 64

@@ -25,6 +25,8 @@ class EncodeJob(StepPayload):
     length_scale: float
     noise_scale: float
     noise_w: float
+    timings: bool = True
+    """Work out when each token is heard (``EncodedSegment.tokens``); False for a stream that sends no words."""
 
 
 @dataclass
@@ -33,8 +35,8 @@ class EncodedSegment:
     frame_inputs: dict[str, np.ndarray]
     """Flow inputs of this segment: [C, T] arrays, scalars as they are."""
     tokens: tuple[SpokenTiming, ...] | None = None
-    """When each token of the text is heard, from the encoder's durations; None when the ids could not be
-    traced to phonemes (a phonemiser with ids of its own)."""
+    """When each token of the text is heard, from the encoder's durations; None when the job asked for none or the
+    ids could not be traced to phonemes (a phonemiser with ids of its own)."""
 
 
 @dataclass

@@ -31,7 +31,9 @@ from rtvoice.engine.models.base import (
     Voice,
     VoiceInfo,
 )
-from rtvoice.engine.models.piper import alignment, context, graph, measure
+from rtvoice.engine.models.piper import alignment, context, graph, layout, measure
+from rtvoice.engine.models.piper import int8 as int8_parts
+from rtvoice.engine.models.piper.int8 import Int8Mode
 from rtvoice.engine.models.piper.measure import MEASURING_TEXT, SentenceStages
 from rtvoice.engine.models.piper.plan import ChunkPlan, Geometry, Planner
 from rtvoice.engine.models.piper.session import PiperSession
@@ -67,9 +69,12 @@ class PiperVoice(Voice):
         intra_op_threads: int = 1,
         wide_threads: int = 1,
         measured_dir: Path | None = None,
+        int8: Int8Mode = "off",
+        int8_dir: Path | None = None,
     ) -> None:
         """``wide_threads``: the cores a call may use when the runner lends it every slot (``run_wide``);
-        ``measured_dir``: where the context frames measured for these weights are kept (None: measured each time)."""
+        ``measured_dir``: where the context frames measured for these weights are kept (None: measured each time);
+        ``int8``: which parts run in int8 (``int8.py``), kept in ``int8_dir`` (None: built each time)."""
         plan = plan or ChunkPlan()
         model_path = Path(model_path)
         config_path = Path(f"{model_path}.json")
@@ -109,6 +114,7 @@ class PiperVoice(Voice):
         chunk_frames = plan.first_chunk_frames(frame_ms)
         key = measure.contexts_key(model_bytes, config_bytes, chunk_frames)
         del model_bytes
+        self.options, self.providers = options, providers
         self.flow_context, self.decoder_context = context.remembered(
             measured_dir,
             key,
@@ -132,6 +138,25 @@ class PiperVoice(Voice):
             options,
             providers,
         )
+        # The int8 decoder is built on the 2-D form wherever there is one (faster in int8 here: docs/decisions.md),
+        # not on the form timed faster at this load, so a kept build does not depend on a timing.
+        two_d = layout.two_dimensional(self.graphs.decoder) if int8 != "off" else None
+        self.int8 = int8_parts.parts(
+            self.info.id,
+            int8,
+            int8_dir,
+            int8_parts.build_key(key["weights_sha256"], "2-D" if two_d is not None else "as exported"),
+            self.graphs.encoder,
+            self.graphs.prior_mean,
+            self.graphs.durations,
+            (two_d or self.graphs.decoder).model,
+            self._int8_synthesis(),
+        )
+        if self.int8.encoder is not None:
+            self.encoder = onnxruntime.InferenceSession(self.int8.encoder, options, providers=providers)
+        if self.int8.decoder is not None:
+            decoder_model = self.int8.decoder
+            self.decoder = onnxruntime.InferenceSession(decoder_model, options, providers=providers)
         self._sessions: dict[type[StepPayload], onnxruntime.InferenceSession] = {
             EncodeJob: self.encoder,
             FlowJob: self.flow,
@@ -142,7 +167,11 @@ class PiperVoice(Voice):
             self.open_session,
             self._calls(),
             self._sessions,
-            {EncodeJob: self.graphs.encoder.model, FlowJob: self.graphs.flow.model, DecodeJob: decoder_model},
+            {
+                EncodeJob: self.int8.encoder or self.graphs.encoder.model,
+                FlowJob: self.graphs.flow.model,
+                DecodeJob: decoder_model,
+            },
             _session_options(wide_threads),
             providers,
         )
@@ -150,21 +179,15 @@ class PiperVoice(Voice):
         """Frames of speech per character of text, from the warm-up sentence (for the encoder's share of cost)."""
 
     def sentence_stages(
-        self, text: str, seed: int, decoder: onnxruntime.InferenceSession | None = None
+        self,
+        text: str,
+        seed: int,
+        decoder: onnxruntime.InferenceSession | None = None,
+        encoder: onnxruntime.InferenceSession | None = None,
     ) -> SentenceStages:
         """``text`` encoded as one segment, its whole flow and decoder runs, and runs of each on any span of its
-        frames (``decoder``: a session other than the voice's own)."""
-        (encoded,) = self._encode(
-            [
-                EncodeJob(
-                    text,
-                    np.random.default_rng(seed),
-                    self.config.length_scale,
-                    self.config.noise_scale,
-                    self.config.noise_w_scale,
-                )
-            ]
-        )
+        frames (``decoder``, ``encoder``: sessions other than the voice's own)."""
+        (encoded,) = self._encode([self._sentence_job(text, seed)], encoder)
         inputs = {name: value for name, value in encoded.frame_inputs.items() if name in self.graphs.flow.inputs}
         decoder = decoder or self.decoder
 
@@ -180,6 +203,40 @@ class PiperVoice(Voice):
             return audio.reshape(-1)
 
         return SentenceStages(encoded.frames, flow, latent, decode, decode(0, encoded.frames))
+
+    def _sentence_job(self, text: str, seed: int) -> EncodeJob:
+        return EncodeJob(
+            text,
+            np.random.default_rng(seed),
+            self.config.length_scale,
+            self.config.noise_scale,
+            self.config.noise_w_scale,
+            timings=False,  # measurements and int8 builds read no words
+        )
+
+    def _int8_synthesis(self) -> int8_parts.Synthesis:
+        """The voice's fp32 stages, with other encoder and decoder models, for building and judging int8 parts."""
+        sessions: dict[bytes, onnxruntime.InferenceSession] = {}
+
+        def session(model: bytes) -> onnxruntime.InferenceSession:
+            if model not in sessions:
+                sessions[model] = onnxruntime.InferenceSession(model, self.options, providers=self.providers)
+            return sessions[model]
+
+        def encoder_feeds(text: str, seed: int) -> dict[str, np.ndarray]:
+            job = self._sentence_job(text, seed)
+            return self._encoder_feeds([job], [self.phoneme_ids(text)], [0])
+
+        def latent(text: str, seed: int, encoder: bytes | None) -> np.ndarray:
+            return self.sentence_stages(text, seed, encoder=None if encoder is None else session(encoder)).latent
+
+        def decode(latent: np.ndarray, decoder: bytes | None) -> np.ndarray:
+            (audio,) = (self.decoder if decoder is None else session(decoder)).run(
+                None, {self.graphs.latent: latent[None]}
+            )
+            return np.asarray(audio).reshape(-1)
+
+        return int8_parts.Synthesis(encoder_feeds, latent, decode, self.graphs.latent, self.info.sample_rate)
 
     @property
     def cost_key(self) -> str:
@@ -218,15 +275,18 @@ class PiperVoice(Voice):
 
     def phoneme_ids(self, text: str) -> list[int]:
         """One id sequence for the whole segment, even where the phonemiser sees several sentences."""
-        return self._phoneme_ids(text)[0]
+        return self._phoneme_ids(text, trace=False)[0]
 
-    def _phoneme_ids(self, text: str) -> tuple[list[int], alignment.PhonemeIds | None]:
-        """The segment's ids, and which phoneme each id speaks (None when piper-tts maps them its own way)."""
+    def _phoneme_ids(self, text: str, trace: bool) -> tuple[list[int], alignment.PhonemeIds | None]:
+        """The segment's ids, and with ``trace`` which phoneme each id speaks (None without, or when piper-tts maps
+        them its own way)."""
         sentences = self.phonemizer.phonemize(text)
         ids: list[int] = []
         for sentence in sentences:
             if sentence:
                 ids.extend(self.phonemizer.phonemes_to_ids(sentence))
+        if not trace:
+            return ids, None
         traced = alignment.phoneme_ids(sentences, self.config.phoneme_id_map)
         return ids, (traced if traced.ids == ids else None)
 
@@ -266,32 +326,14 @@ class PiperVoice(Voice):
     def _encode(
         self, jobs: Sequence[EncodeJob], encoder: onnxruntime.InferenceSession | None = None
     ) -> list[EncodedSegment]:
-        phonemised = [self._phoneme_ids(job.text) for job in jobs]
+        phonemised = [self._phoneme_ids(job.text, job.timings) for job in jobs]
         id_lists = [ids for ids, _ in phonemised]
         results: list[EncodedSegment | None] = [None] * len(jobs)
         live = [i for i, ids in enumerate(id_lists) if ids]
         for i in set(range(len(jobs))) - set(live):
             results[i] = EncodedSegment(frames=0, frame_inputs={})
         if live:
-            longest = max(len(id_lists[i]) for i in live)
-            ids = np.zeros((len(live), longest), dtype=np.int64)
-            lengths = np.zeros(len(live), dtype=np.int64)
-            noises = [np.zeros((len(live), c, longest), dtype=np.float32) for c in self.duration_noise_channels]
-            for row, i in enumerate(live):
-                job, n = jobs[i], len(id_lists[i])
-                ids[row, :n] = id_lists[i]
-                lengths[row] = n
-                for noise, channels in zip(noises, self.duration_noise_channels, strict=True):
-                    noise[row, :, :n] = job.rng.standard_normal((channels, n), dtype=np.float32) * job.noise_w
-            # Noise is drawn (and scaled) per stream above, so the graph's own scales stay at one.
-            feeds: dict[str, np.ndarray] = {
-                "input": ids,
-                "input_lengths": lengths,
-                "scales": np.array([1.0, jobs[live[0]].length_scale, 1.0], dtype=np.float32),
-                **dict(zip(self.graphs.duration_noise, noises, strict=True)),
-            }
-            if "sid" in self.graphs.encoder.inputs:
-                feeds["sid"] = np.full(len(live), self.config.default_speaker_id, dtype=np.int64)
+            feeds = self._encoder_feeds(jobs, id_lists, live)
             outputs = dict(zip(self.graphs.encoder.outputs, (encoder or self.encoder).run(None, feeds), strict=True))
             durations = outputs.pop(self.graphs.durations)
             mask = outputs[self.graphs.frame_mask]
@@ -310,6 +352,31 @@ class PiperVoice(Voice):
                 tokens = None if traced is None else self._token_timings(jobs[i].text, traced, durations[row, 0])
                 results[i] = EncodedSegment(frames=frames, frame_inputs=frame_inputs, tokens=tokens)
         return [result for result in results if result is not None]  # every job's row was filled above
+
+    def _encoder_feeds(
+        self, jobs: Sequence[EncodeJob], id_lists: Sequence[list[int]], live: Sequence[int]
+    ) -> dict[str, np.ndarray]:
+        """The encoder's feeds for the ``live`` jobs (those with ids), padded to the longest; draws their noise."""
+        longest = max(len(id_lists[i]) for i in live)
+        ids = np.zeros((len(live), longest), dtype=np.int64)
+        lengths = np.zeros(len(live), dtype=np.int64)
+        noises = [np.zeros((len(live), c, longest), dtype=np.float32) for c in self.duration_noise_channels]
+        for row, i in enumerate(live):
+            job, n = jobs[i], len(id_lists[i])
+            ids[row, :n] = id_lists[i]
+            lengths[row] = n
+            for noise, channels in zip(noises, self.duration_noise_channels, strict=True):
+                noise[row, :, :n] = job.rng.standard_normal((channels, n), dtype=np.float32) * job.noise_w
+        # Noise is drawn (and scaled) per stream above, so the graph's own scales stay at one.
+        feeds: dict[str, np.ndarray] = {
+            "input": ids,
+            "input_lengths": lengths,
+            "scales": np.array([1.0, jobs[live[0]].length_scale, 1.0], dtype=np.float32),
+            **dict(zip(self.graphs.duration_noise, noises, strict=True)),
+        }
+        if "sid" in self.graphs.encoder.inputs:
+            feeds["sid"] = np.full(len(live), self.config.default_speaker_id, dtype=np.int64)
+        return feeds
 
     def _flow(self, jobs: Sequence[FlowJob], flow: onnxruntime.InferenceSession) -> list[np.ndarray]:
         longest = max(job.inputs[self.graphs.frame_mask].shape[-1] for job in jobs)
