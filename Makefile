@@ -37,6 +37,18 @@ browser:
 	  else echo "chromium missing (not root): browser tests will skip unless RTVOICE_REQUIRE_BROWSER=1"; fi; \
 	fi
 
+# Debian's haproxy, coturn and prometheus (promtool) run the deployment tests (tests/test_cluster.py,
+# test_turn.py, test_deploy.py); install them when missing and we may.
+DEPLOY_TOOLS := haproxy:haproxy turnserver:coturn promtool:prometheus
+deploy-tools:
+	@missing=""; for pair in $(DEPLOY_TOOLS); do command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null) \
+	      || echo "could not install$$missing"; \
+	  else echo "missing (not root):$$missing; deployment tests will skip unless RTVOICE_REQUIRE_DEPLOY_TOOLS=1"; fi; \
+	fi
+
 # The third-party WHEP player the browser tests and bench.whep_browser drive (medooze's whip-whep from npm,
 # pinned by tests/whep_player/package-lock.json).
 WHEP_PLAYER := tests/whep_player
@@ -56,7 +68,7 @@ lint: test-deps
 	@mkdir -p $(TYPECHECK) && for part in app engine web; do ln -sfn ../../../$$part $(TYPECHECK)/$$part; done
 	$(VENV)/bin/mypy
 
-test: test-deps lint browser whep-player
+test: test-deps lint browser whep-player deploy-tools
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: test-deps

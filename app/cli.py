@@ -34,6 +34,7 @@ SERVE_OPTIONS: dict[str, tuple[str, type]] = {
     "--voice": ("default_voice", str),
     "--cosyvoice-dir": ("cosyvoice_dir", Path),
     "--log-level": ("log_level", str),
+    "--wyoming": ("wyoming_uri", str),
 }
 """``serve``'s options: each overrides the setting of that name (``RTVOICE_<NAME>``)."""
 
@@ -87,6 +88,14 @@ def serve(args: argparse.Namespace) -> None:
 
         try:  # fail now with what to install, not in the middle of start-up
             require_grpc()
+        except RuntimeError as error:
+            print(f"rtvoice: {error}", file=sys.stderr)
+            sys.exit(2)
+    if settings.wyoming_zeroconf:
+        from rtvoice.app.wyoming.discovery import require_zeroconf
+
+        try:  # fail now with what to install, not in the middle of start-up
+            require_zeroconf()
         except RuntimeError as error:
             print(f"rtvoice: {error}", file=sys.stderr)
             sys.exit(2)

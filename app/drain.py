@@ -1,11 +1,13 @@
 """Graceful drain on SIGTERM (``app/server.py`` starts it).
 
 1. At once: ``/readyz`` answers 503 (``draining``) and every new request or WebSocket gets 503 with
-   ``Retry-After`` and ``server_shutting_down`` (the probes still answer).
-2. Streams in progress (HTTP bodies, WebSocket utterances, WHEP utterances) finish, for up to
+   ``Retry-After`` and ``server_shutting_down`` (the probes still answer); a new Wyoming request, an ``error``
+   event with that code.
+2. Streams in progress (HTTP bodies, WebSocket utterances, WHEP utterances, Wyoming requests) finish, for up to
    ``RTVOICE_DRAIN_TIMEOUT_S``.
-3. Then WebSockets get their protocol's ``server_shutting_down`` and close 1001, and WHEP sessions end (an
-   ``error`` event on their DataChannels first).
+3. Then WebSockets get their protocol's ``server_shutting_down`` and close 1001, WHEP sessions end (an
+   ``error`` event on their DataChannels first), and Wyoming connections close (those still speaking get the
+   ``error`` first).
 4. Then the server stops as usual (engine, lifespan) and the process exits 0.
 """
 

@@ -15,15 +15,29 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
-from rtvoice.app import cartesia, cosyvoice_api, cosyvoice_grpc, errors, lexicons, openai_speech, ops, piper_api, whep
+from rtvoice.app import (
+    cartesia,
+    cosyvoice_api,
+    cosyvoice_grpc,
+    errors,
+    info,
+    lexicons,
+    openai_speech,
+    ops,
+    piper_api,
+    whep,
+)
 from rtvoice.app.access import Access, AccessControl, KeyRing, warn_if_open
+from rtvoice.app.agent import serve_agent
 from rtvoice.app.drain import Drain, DrainGate
+from rtvoice.app.info import package_version
 from rtvoice.app.limits import BodyLimit, OpenSockets, WebSocketLimits
 from rtvoice.app.metrics import RequestMetrics
 from rtvoice.app.openapi import install as install_openapi
 from rtvoice.app.request_context import RequestContext
 from rtvoice.app.settings import Settings
 from rtvoice.app.websocket.router import router as websocket_router
+from rtvoice.app.wyoming import serve as serve_wyoming
 from rtvoice.engine.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -56,6 +70,12 @@ async def _start_engine(engine: Engine, settings: Settings) -> None:
     )
 
 
+async def shut_down_wyoming(app: FastAPI) -> None:
+    """The drain's end: close the Wyoming server's connections (those still speaking told so first)."""
+    if app.state.wyoming is not None:
+        await app.state.wyoming.shut_down()
+
+
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
     settings = settings or Settings()
     engine = engine or Engine(settings)
@@ -77,13 +97,25 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         loading = asyncio.create_task(_start_engine(engine, settings))
         loading.add_done_callback(start_failed)
         grpc_server = None
+        agent_server = None
         try:
             if settings.grpc_port:  # CosyVoice's gRPC service, same loop and engine
                 grpc_server = await cosyvoice_grpc.serve(
                     engine, settings.host, settings.grpc_port, request_metrics, access, drain
                 )
+            if settings.agent_port:  # HAProxy's agent-check: this replica's room, or drain
+                agent_server = await serve_agent(app, settings.host, settings.agent_port)
+            if settings.wyoming_uri:  # Wyoming's TTS server (Home Assistant), same loop and engine
+                app.state.wyoming = await serve_wyoming(
+                    engine, settings, request_metrics, drain, package_version(), base_url(settings.host, settings.port)
+                )
             yield
         finally:
+            if app.state.wyoming is not None:
+                await app.state.wyoming.close()
+                app.state.wyoming = None
+            if agent_server is not None:
+                agent_server.close()
             if grpc_server is not None:
                 await grpc_server.stop(grace=None)
             if not loading.done():
@@ -104,8 +136,10 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.drain = drain
     app.state.request_metrics = request_metrics
     app.state.start_failed = False
+    app.state.wyoming = None  # the Wyoming server (app/wyoming) while it runs
     errors.install(app)
     app.include_router(ops.router)
+    app.include_router(info.router)
     app.include_router(openai_speech.router)
     app.include_router(cosyvoice_api.router)
     app.include_router(websocket_router)
@@ -131,13 +165,19 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.add_middleware(RequestContext, metrics=request_metrics)
     drain.busy.append(lambda: engine.ready and engine.busy())
     drain.busy.append(lambda: whep.speaking(app))
+    drain.busy.append(lambda: app.state.wyoming is not None and app.state.wyoming.speaking())
     drain.finishers.append(lambda: whep.shutdown(app, notify=True))
+    drain.finishers.append(lambda: shut_down_wyoming(app))
     if WEB_DIR.is_dir():
         # The page at "/" and its files under /web; no catch-all mount, so unknown
         # routes and wrong methods still get their 404 and 405.
         @app.get("/", include_in_schema=False)
         async def index() -> FileResponse:
             return FileResponse(WEB_DIR / "index.html")
+
+        @app.get("/favicon.ico", include_in_schema=False)
+        async def favicon() -> FileResponse:  # browsers ask for it whatever the page links
+            return FileResponse(WEB_DIR / "favicon.svg", media_type="image/svg+xml")
 
         app.mount("/web", StaticFiles(directory=WEB_DIR), name="web")
     else:

@@ -5,7 +5,8 @@ and ``._:-``), else the server makes one (``req_`` and 32 hex digits). It goes b
 ``X-Request-ID`` header (on a WebSocket's handshake too), into ``error.request_id`` of every error body, and at
 the end of every log line written while the request runs. When the request ends, one access line gives the
 client, the request line (an ``api_key`` query value shown as ``***``), the status, the route, the key's name,
-the time to first audio and the seconds of audio sent.
+the time to first audio and the seconds of audio sent; and the metrics count it by transport, route and status, with
+the time to first audio of each stream it opened.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from urllib.parse import parse_qsl, urlencode
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rtvoice.app.metrics import RequestMetrics
+from rtvoice.app.metrics import RequestMetrics, Transport
 from rtvoice.engine.stream import SpeechStream
 
 access_log = logging.getLogger("rtvoice.access")
@@ -136,9 +137,11 @@ class RequestContext:
             await self.app(scope, receive, send_with_id)
         finally:
             route = getattr(scope.get("route"), "path", None)
+            transport: Transport = "websocket" if websocket else "http"
             if not websocket or status != 101:  # accepted WebSockets count themselves once their engine is ready
                 label = route or ("static" if status < 400 else "other")
-                self.metrics.count(label, str(status))
+                self.metrics.count(transport, label, str(status))
+            self.metrics.streams_ended(transport, record.streams)
             if scope["path"] not in PROBE_PATHS:
                 self._log(scope, record, status, route)
 
@@ -173,7 +176,7 @@ def log_access(client: str, line: str, status: int | str, route: str | None, rec
 
 
 def begin(request_id: str) -> RequestRecord:
-    """A record for a request that did not come through the ASGI middleware (gRPC), current from now on."""
+    """A record for a request that did not come through the ASGI middleware (gRPC, Wyoming), current from now on."""
     record = RequestRecord(request_id)
     _current.set(record)
     return record

@@ -1,5 +1,5 @@
 """The server's settings: the engine's (``engine/settings.py``) and what only the server uses: its address and
-logs, CORS, WHEP, API keys and quotas, HTTP and WebSocket input limits, the drain, gRPC.
+logs, CORS, WHEP, API keys and quotas, HTTP and WebSocket input limits, the drain, gRPC, Wyoming.
 
 Every field reads from the environment with the ``RTVOICE_`` prefix (and from a
 ``.env`` file in the working directory); ``.env.example`` documents each one.
@@ -8,8 +8,9 @@ Every field reads from the environment with the ``RTVOICE_`` prefix (and from a
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from rtvoice.engine.settings import EngineSettings, empty_is_unset
 
@@ -43,6 +44,32 @@ class Settings(EngineSettings):
     """DEPRECATED (use ``api_keys``): a key, named ``whep-token``, valid on the WHEP routes only; empty means none."""
     whep_max_pending_requests: int = 8
     """Utterances one session may have playing or queued; past this a request is refused (queue_full)."""
+    whep_opus_fec: bool = True
+    """Opus in-band FEC for players that offer ``useinbandfec=1`` (browsers do), its loss hint following the
+    player's receiver reports."""
+    whep_red: bool = True
+    """RFC 2198 redundancy (``red/48000/2``, the previous packet in each) for players that offer it, while the
+    player reports loss."""
+
+    turn_urls: list[str] = Field(default_factory=list)
+    """TURN server URLs (JSON list, e.g. ``["turn:turn.example.com:3478?transport=udp"]``) offered to players with
+    short-lived credentials minted per request from ``turn_secret`` (coturn's ``use-auth-secret``)."""
+    turn_secret: str = ""
+    """The TURN server's shared secret (coturn's ``static-auth-secret``): each WHEP answer's ``Link`` headers carry
+    a username ``<expiry>:<session>`` and its HMAC-SHA1 as the credential, never a fixed password."""
+    turn_credential_ttl_s: int = Field(3600, ge=60, le=86_400)
+    """How long a minted TURN credential stays valid (a session's connection keeps its allocation past it)."""
+
+    # --- Replicas behind a balancer (deploy/, docs/scaling.md) ---------------------------------------
+    replica_id: str = Field("", pattern=r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,62})?$")
+    """This replica's name behind a balancer (its HAProxy server name): WHEP session ids start with
+    ``<replica_id>~`` so the balancer routes a session's requests to the replica that holds it. Empty: no prefix."""
+    public_url: str = Field("", pattern=r"^(https?://[^/\s]+(/[^\s]*)?)?$")
+    """This replica's own URL as players reach it (e.g. ``https://rtvoice-2.example.com``): WHEP's ``Location``
+    is then absolute on it, so a session's requests go straight to its replica. Empty: a relative ``Location``."""
+    agent_port: int | None = Field(None, ge=1, le=65535)
+    """Port of an HAProxy agent-check on ``host``: each connection gets ``ready up <room>%`` (the share of the engine's
+    admission budget still free, at least 1%), ``drain`` when full, draining or loading; unset (the default): off."""
 
     # --- Access: API keys and quotas (app/access.py) -------------------------------------------------
     api_keys: str = ""
@@ -59,7 +86,8 @@ class Settings(EngineSettings):
 
     # --- Input limits (app/limits.py, app/server.py) -------------------------------------------------
     max_body_bytes: int = Field(1_048_576, ge=1024)
-    """Largest request body (JSON, forms without files); past it, 413."""
+    """Largest request body (JSON, forms without files); past it, 413. Also a Wyoming event's largest data or payload
+    block (past it, an ``error`` event and the connection closes)."""
     max_upload_bytes: int = Field(52_428_800, ge=1024)
     """Largest multipart body (a prompt recording and its fields); past it, 413."""
     max_form_parts: int = Field(16, ge=1)
@@ -95,12 +123,69 @@ class Settings(EngineSettings):
     """Port of CosyVoice's gRPC service (``cosyvoice.CosyVoice/Inference``) on ``host``, served by the same
     process and engine; unset (the default) turns it off. Needs the ``grpc`` extra (grpcio)."""
 
+    # --- Wyoming (Home Assistant's TTS protocol; app/wyoming) -----------------------------------------
+    wyoming_uri: str | None = None
+    """Serve Wyoming's text-to-speech protocol (Home Assistant's voice pipeline) at ``tcp://HOST:PORT``, e.g.
+    ``tcp://0.0.0.0:10200``, from the same process and engine; unset (the default) turns it off.
+
+    Wyoming has no authentication: API keys and quotas do not apply to it. Without a host (``tcp://:10200``) it
+    listens on loopback only."""
+    wyoming_zeroconf: bool = False
+    """Announce the Wyoming server on the local network (mDNS ``_wyoming._tcp.local.``) so Home Assistant discovers
+    it; needs ``wyoming_uri`` and the ``zeroconf`` extra. Off by default."""
+
+    @property
+    def wyoming_address(self) -> tuple[str, int] | None:
+        """Where the Wyoming server listens: ``(host, port)``; None when it is off."""
+        return None if self.wyoming_uri is None else tcp_address(self.wyoming_uri)
+
+    @field_validator("wyoming_uri", mode="before")
+    @classmethod
+    def _wyoming_uri(cls, value: object) -> object:
+        value = empty_is_unset(value)
+        if isinstance(value, str):
+            tcp_address(value.strip())  # ValueError, which pydantic reports, when it does not read
+            return value.strip()
+        return value
+
+    @model_validator(mode="after")
+    def _zeroconf_needs_a_server(self) -> Settings:
+        if self.wyoming_zeroconf and self.wyoming_uri is None:
+            raise ValueError("RTVOICE_WYOMING_ZEROCONF needs RTVOICE_WYOMING_URI: no Wyoming server to announce")
+        return self
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _lower_case_level(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
 
-    @field_validator("grpc_port", mode="before")
+    @field_validator("turn_urls")
+    @classmethod
+    def _turn_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("turn:", "turns:")):
+                raise ValueError(f"{url!r} is not a turn: or turns: URL")
+        return urls
+
+    @field_validator("grpc_port", "agent_port", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return empty_is_unset(value)
+
+
+LOOPBACK = "127.0.0.1"
+
+
+def tcp_address(uri: str) -> tuple[str, int]:
+    """``tcp://HOST:PORT`` as ``(host, port)``; loopback when the host is left out (``tcp://:10200``). ValueError
+    for anything else."""
+    parts = urlsplit(uri)
+    if parts.scheme != "tcp" or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"{uri!r} is not a tcp://HOST:PORT URI (for example tcp://0.0.0.0:10200)")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is None or not 1 <= port <= 65535:
+        raise ValueError(f"{uri!r} needs a port from 1 to 65535 (for example tcp://0.0.0.0:10200)")
+    return parts.hostname or LOOPBACK, port

@@ -711,8 +711,9 @@ def test_metrics_parse_and_move(server: Server) -> None:
         return after.get(key, 0.0) - before.get(key, 0.0)
 
     voice = {"voice": "en_US-joe-medium"}
-    assert moved("rtvoice_requests_total", route="/v1/audio/speech", status="200") == 1
-    assert moved("rtvoice_requests_total", route="/v1/audio/speech", status="400") == 1
+    assert moved("rtvoice_requests_total", transport="http", route="/v1/audio/speech", status="200") == 1
+    assert moved("rtvoice_requests_total", transport="http", route="/v1/audio/speech", status="400") == 1
+    assert moved("rtvoice_request_time_to_first_audio_seconds_count", transport="http") == 1
     assert moved("rtvoice_time_to_first_audio_seconds_count", **voice) == 1
     assert moved("rtvoice_real_time_factor_count", **voice) == 1
     assert moved("rtvoice_audio_seconds_total", **voice) > 0.5

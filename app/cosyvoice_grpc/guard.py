@@ -7,6 +7,7 @@ access line. A ``grpc.aio`` server interceptor around each call of the service.
   call with UNAUTHENTICATED; past a quota, RESOURCE_EXHAUSTED with ``retry-after``. The key's quotas are the
   same as on HTTP (one ``Access`` for the application).
 - While the server drains, new calls end with UNAVAILABLE and ``retry-after``; calls in progress are waited for.
+- When a call ends, the time to first audio of its stream goes into the metrics (``transport="grpc"``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from rtvoice.app.access import Access, Grant
 from rtvoice.app.cosyvoice_grpc.status import status_of
 from rtvoice.app.drain import Drain
 from rtvoice.app.errors import ShuttingDown
+from rtvoice.app.metrics import RequestMetrics
 from rtvoice.app.request_context import begin, log_access, valid_or_new_id
 from rtvoice.engine.errors import EngineError
 
@@ -32,9 +34,10 @@ def presented_key(metadata: dict[str, str]) -> str | None:
 
 
 class Guard(grpc.aio.ServerInterceptor):
-    def __init__(self, access: Access, drain: Drain) -> None:
+    def __init__(self, access: Access, drain: Drain, requests: RequestMetrics) -> None:
         self.access = access
         self.drain = drain
+        self.requests = requests
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], details: grpc.HandlerCallDetails
@@ -83,6 +86,7 @@ class Guard(grpc.aio.ServerInterceptor):
                 if grant is not None:
                     grant.lease.release()
                 log_access(peer, f"gRPC {method}", status, method, record)
+                self.requests.streams_ended("grpc", record.streams)
 
         return grpc.unary_stream_rpc_method_handler(
             guarded, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer

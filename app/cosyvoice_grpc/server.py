@@ -108,11 +108,11 @@ class CosyVoiceService(cosyvoice_pb2_grpc.CosyVoiceServicer):
         ignored = ignored_value(stream, "ascii")
         if ignored is not None:
             context.set_trailing_metadata(((IGNORED_HEADER.lower(), ignored),))
-        self.requests.count(METHOD, grpc.StatusCode.OK.name)
+        self.requests.count("grpc", METHOD, grpc.StatusCode.OK.name)
 
     async def _abort(self, context: grpc.aio.ServicerContext, error: EngineError) -> None:
         status = status_of(error)
-        self.requests.count(METHOD, status.name)
+        self.requests.count("grpc", METHOD, status.name)
         metadata: tuple[tuple[str, str], ...] = (("rtvoice-error-code", error.code),)
         if error.retry_after_s is not None:
             metadata += (("retry-after", str(error.retry_after_s)),)
@@ -184,7 +184,7 @@ async def start(
     drain: Drain | None = None,
 ) -> grpc.aio.Server:
     """Start the service on ``host:port`` in the running event loop; the caller stops it."""
-    interceptors = [Guard(access, drain)] if access is not None and drain is not None else []
+    interceptors = [Guard(access, drain, requests)] if access is not None and drain is not None else []
     server = grpc.aio.server(interceptors=interceptors)
     cosyvoice_pb2_grpc.add_CosyVoiceServicer_to_server(CosyVoiceService(engine, requests), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

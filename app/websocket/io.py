@@ -139,7 +139,7 @@ async def serve_session(
         await websocket.send_text(json.dumps(error_event(error)))
         await websocket.close(CLOSE_TRY_AGAIN_LATER, "not ready")
         return
-    websocket.app.state.request_metrics.count(path, "101")
+    websocket.app.state.request_metrics.count("websocket", path, "101")
     connection = session(websocket, engine)
     socket = managed_socket(websocket.scope)
     if socket is not None:  # the server's handle: a drain waits while it speaks, then lets it say goodbye
