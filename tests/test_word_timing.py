@@ -20,6 +20,7 @@ from rtvoice.engine.request import SynthesisRequest
 from rtvoice.engine.stream import AudioChunk, MarkTiming, SegmentDone, WordTiming
 from rtvoice.engine.text import Segmenter
 from testkit.alignment import ALIGNER_RATE, SENTENCES, forced_alignment, speak
+from tests.audio import same_speech
 from tests.engine_output import reference_engine
 
 TEXT = "It costs $100, Dr. Smith said. Then we walked home, e.g. past the old mill, at 5 o'clock."
@@ -148,7 +149,8 @@ def test_words_are_ordered_inside_the_audio_and_before_it(engine: Engine) -> Non
 
 def test_a_stream_that_sends_no_words_times_nothing_and_sounds_the_same(engine: Engine) -> None:
     """A transport that sends no words (``SynthesisRequest.words`` False) gets neither words nor marks, its voice
-    works out no token timings before its first audio, and its audio is the same, sample for sample."""
+    works out no token timings before its first audio, and its audio is the same speech (chunk sizes follow the
+    costs measured at the moment, so two runs match up to the rounding where chunks join)."""
     text = '<speak>It costs $100. <mark name="m"/>Then <break time="200ms"/>we walked home.</speak>'
 
     async def spoken(words: bool) -> tuple[list[object], PiperSession]:
@@ -163,7 +165,7 @@ def test_a_stream_that_sends_no_words_times_nothing_and_sounds_the_same(engine: 
     assert not [e for e in untimed if isinstance(e, (WordTiming, MarkTiming))]
     assert session.timings == []  # the encoder's results carried no token timings
     pcm = [np.concatenate([e.pcm for e in got if isinstance(e, AudioChunk)]) for got in (timed, untimed)]
-    assert len(pcm[0]) > 16_000 and np.array_equal(pcm[0], pcm[1])
+    assert len(pcm[0]) > 16_000 and same_speech(pcm[1], pcm[0])
 
 
 def test_resampled_rates_give_the_same_times(engine: Engine) -> None:
