@@ -124,17 +124,20 @@ class LexiconStore:
                     raise ValueError("its name is not a lexicon id")
                 if lexicon_id in taken:
                     raise ValueError(f"a startup lexicon has the id {lexicon_id!r}")
-                lexicon = parse_pls(path.read_bytes(), str(path))
-                name, created_ns = self._read_meta(path)
-                lexicon.matcher()
+                found.append(self._read_stored(path))
             except Exception as error:  # one bad file must not stop the server, nor the other lexicons
                 log.error("skipping the stored lexicon %s: it cannot be used (%s); delete or replace it", path, error)
-                continue
-            info = LexiconInfo(
-                lexicon_id, name, lexicon.language, len(lexicon.lexemes), "uploaded", created_ns // 1_000_000_000
-            )
-            found.append(_Held(info, lexicon, created_ns))
         return found
+
+    def _read_stored(self, path: Path) -> _Held:
+        """The upload stored at ``path``, parsed and ready to match (raises what reading or parsing raises)."""
+        lexicon = parse_pls(path.read_bytes(), str(path))
+        name, created_ns = self._read_meta(path)
+        lexicon.matcher()
+        info = LexiconInfo(
+            path.stem, name, lexicon.language, len(lexicon.lexemes), "uploaded", created_ns // 1_000_000_000
+        )
+        return _Held(info, lexicon, created_ns)
 
     @staticmethod
     def _read_meta(path: Path) -> tuple[str, int]:
@@ -227,19 +230,14 @@ class LexiconStore:
         if not _STORED_ID.match(lexicon_id) or not path.exists():
             return None
         try:
-            lexicon = parse_pls(path.read_bytes(), str(path))
-            name, created_ns = self._read_meta(path)
-            lexicon.matcher()
+            stored = self._read_stored(path)
         except FileNotFoundError:
             return None  # deleted meanwhile
         except Exception as error:  # a bad file costs that lexicon only
             log.error("cannot use the stored lexicon %s (%s); delete or replace it", path, error)
             return None
-        info = LexiconInfo(
-            lexicon_id, name, lexicon.language, len(lexicon.lexemes), "uploaded", created_ns // 1_000_000_000
-        )
         with self._lock:
-            return self._held.setdefault(lexicon_id, _Held(info, lexicon, created_ns))
+            return self._held.setdefault(lexicon_id, stored)
 
     def refresh(self) -> None:
         """Every upload in line with the directory: those other replicas stored read, those they deleted dropped."""
