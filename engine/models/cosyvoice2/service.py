@@ -226,19 +226,21 @@ class CosyVoice2Service:
         voices = []
         for saved in self.store.load_all():
             try:
-                voices.append(
-                    self.make_voice(
-                        saved.voice_id,
-                        saved.features,
-                        name=saved.name,
-                        source="registered",
-                        description=saved.description,
-                        language=saved.language,
-                    )
-                )
+                voices.append(self._registered(saved))
             except ValueError as error:
                 log.warning("skipping registered voice %r: %s", saved.voice_id, error)
         return voices
+
+    def _registered(self, saved: SavedVoice) -> CosyVoice2Voice:
+        """The voice a stored registration describes."""
+        return self.make_voice(
+            saved.voice_id,
+            saved.features,
+            name=saved.name,
+            source="registered",
+            description=saved.description,
+            language=saved.language,
+        )
 
     def stored_voice(self, voice_id: str) -> CosyVoice2Voice | None:
         """A registered voice read from the voices directory now (another replica sharing the directory may have
@@ -249,14 +251,7 @@ class CosyVoice2Service:
             saved = self.store.load(self.store.path(voice_id))
             if saved.voice_id != voice_id:
                 raise ValueError(f"holds voice {saved.voice_id!r}")
-            return self.make_voice(
-                voice_id,
-                saved.features,
-                name=saved.name,
-                source="registered",
-                description=saved.description,
-                language=saved.language,
-            )
+            return self._registered(saved)
         except FileNotFoundError:
             return None
         except Exception as error:  # a file being replaced, or a bad one: the voice stays unknown here
