@@ -14,8 +14,13 @@ class NotReady(HttpError):
     type = "server_error"
 
 
+def still_loading() -> NotReady:
+    """What every transport answers before the engine's voices are loaded."""
+    return NotReady("the server is still loading its voices", code="not_ready")
+
+
 def engine_of(connection: Request | HTTPConnection) -> Engine:
     engine: Engine = connection.app.state.engine
     if not engine.ready:
-        raise NotReady("the server is still loading its voices", code="not_ready")
+        raise still_loading()
     return engine

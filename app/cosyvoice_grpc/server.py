@@ -40,7 +40,7 @@ from rtvoice.app.errors import invalid_value
 from rtvoice.app.fields import InputType, LexiconList
 from rtvoice.app.metrics import RequestMetrics
 from rtvoice.app.request_context import track_stream
-from rtvoice.app.state import NotReady
+from rtvoice.app.state import still_loading
 from rtvoice.app.streaming import IGNORED_HEADER, ignored_value
 from rtvoice.engine.audio.encoding import wav_header
 from rtvoice.engine.engine import Engine
@@ -122,7 +122,7 @@ class CosyVoiceService(cosyvoice_pb2_grpc.CosyVoiceServicer):
         """The request's payload as one engine stream."""
         engine = self.engine
         if not engine.ready:
-            raise NotReady("the server is still loading its voices", code="not_ready")
+            raise still_loading()
         payload = request.WhichOneof("RequestPayload")
         base = SynthesisRequest(text_type=options.input_type, lexicons=tuple(options.lexicons), names=NAMES)
         if payload == "sft_request":

@@ -38,7 +38,7 @@ from rtvoice.app.drain import Drain
 from rtvoice.app.errors import ShuttingDown
 from rtvoice.app.metrics import RequestMetrics
 from rtvoice.app.request_context import begin, log_access, valid_or_new_id
-from rtvoice.app.state import NotReady
+from rtvoice.app.state import still_loading
 from rtvoice.app.wyoming.framing import EventReader, EventWriter, FramingError, Gone, read_event
 from rtvoice.app.wyoming.synthesis import NAMES, Kind, Synthesis
 from rtvoice.app.wyoming.voice import requested_voice
@@ -100,7 +100,7 @@ class Connection:
             except FramingError as error:
                 log.warning("Wyoming client %s sent what is not an event (%s): closing", self.peer, error.message)
                 await self._stop_sending()
-                await self._say(Error(text=error.message, code=error.code).event())
+                await self._say_error(error)
                 return
             except (asyncio.IncompleteReadError, ConnectionError):
                 return  # left in the middle of an event
@@ -127,7 +127,7 @@ class Connection:
 
     async def _describe(self) -> None:
         if not self.engine.ready:
-            await self._say_error(NotReady("the server is still loading its voices", code="not_ready"))
+            await self._say_error(still_loading())
             self.services.metrics.count("wyoming", "describe", "not_ready")
             return
         await self._say(self.services.info())
@@ -197,7 +197,7 @@ class Connection:
         if self.services.drain.draining:
             synthesis.fail(ShuttingDown())
         elif not self.engine.ready:
-            synthesis.fail(NotReady("the server is still loading its voices", code="not_ready"))
+            synthesis.fail(still_loading())
         elif len(self.live()) >= MAX_PENDING:
             synthesis.fail(
                 InvalidRequest(
@@ -215,7 +215,7 @@ class Connection:
         with contextlib.suppress(Gone):
             await self.writer.write(event)
 
-    async def _say_error(self, error: EngineError) -> None:
+    async def _say_error(self, error: EngineError | FramingError) -> None:
         await self._say(Error(text=error.message, code=error.code).event())
 
     async def _send_all(self) -> None:
