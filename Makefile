@@ -7,6 +7,9 @@ PIP := $(PY) -m pip
 TORCH_CPU ?= torch==2.13.0
 # The slowest tests named at the end of every run, so that a slow CI run says where its time went.
 PYTEST_ARGS ?= --durations=25
+# Test files run in parallel (pytest-xdist), one more worker than cores: much of a test is waiting on a server, a
+# browser or real-time audio. A file stays on one worker, so its servers start once.
+PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 .PHONY: run test lint venv test-deps browser whep-player deploy-tools bench clean
 
@@ -69,7 +72,7 @@ lint: test-deps
 	$(VENV)/bin/mypy
 
 test: test-deps lint browser whep-player deploy-tools
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: test-deps
 	$(PY) -m bench.ttfa

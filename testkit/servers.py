@@ -77,7 +77,7 @@ def die_with_parent() -> Callable[[], None] | None:
     return in_child
 
 
-def _wait_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float = 90) -> None:
+def _wait_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float = 240) -> None:
     def ready() -> bool:
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}")

@@ -45,7 +45,10 @@ def server() -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def start_server() -> Iterator[Callable[..., Server]]:
-    """Start extra servers with other settings (RTVOICE_* overrides); all stop at the end of the session."""
+    """Start extra servers with other settings (RTVOICE_* overrides); all stop at the end of the session.
+
+    A test whose server's behaviour does not follow from measured costs (keys, limits, protocols, fuzzing) passes
+    ``warmup="false"``: the start then skips warming and calibrating the voices, about half its time."""
     started: list[Server] = []
 
     def start(**env: str) -> Server:

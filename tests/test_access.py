@@ -29,7 +29,12 @@ def keyed(start_server: Callable[..., Server], tmp_path_factory: pytest.TempPath
     from testkit.servers import start_rtvoice
 
     server = start_rtvoice(
-        {"RTVOICE_API_KEYS": f"alice:{ALICE},{BOB}", "RTVOICE_KEY_MAX_STREAMS": "1", "RTVOICE_LOG_LEVEL": "info"},
+        {
+            "RTVOICE_API_KEYS": f"alice:{ALICE},{BOB}",
+            "RTVOICE_KEY_MAX_STREAMS": "1",
+            "RTVOICE_LOG_LEVEL": "info",
+            "RTVOICE_WARMUP": "false",
+        },
         log_file=log_file,
     )
     yield server, log_file
@@ -145,7 +150,7 @@ def test_streams_quota_and_metrics_by_key_name(keyed: tuple[Server, Path]) -> No
 
 
 def test_requests_per_minute(start_server: Callable[..., Server]) -> None:
-    server = start_server(api_keys=f"carol:{ALICE}", key_requests_per_minute="3")
+    server = start_server(api_keys=f"carol:{ALICE}", key_requests_per_minute="3", warmup="false")
     headers = {"X-API-Key": ALICE}
     statuses = [httpx.get(f"{server.url}/voices", headers=headers).status_code for _ in range(3)]
     assert statuses == [200, 200, 200]
@@ -192,7 +197,7 @@ def test_open_server_beyond_loopback_warns(caplog: pytest.LogCaptureFixture) -> 
 
 
 def test_metrics_can_require_a_key(start_server: Callable[..., Server]) -> None:
-    server = start_server(api_keys=ALICE, metrics_require_key="true")
+    server = start_server(api_keys=ALICE, metrics_require_key="true", warmup="false")
     assert httpx.get(f"{server.url}/metrics").status_code == 401
     assert httpx.get(f"{server.url}/metrics", headers={"X-API-Key": ALICE}).status_code == 200
     assert httpx.get(f"{server.url}/readyz").status_code == 200
@@ -249,7 +254,7 @@ def test_grpc_calls_take_the_same_keys_quotas_and_request_ids(
     from testkit.servers import free_port
 
     port = free_port()
-    server = start_server(api_keys=f"dave:{ALICE}", key_max_streams="1", grpc_port=str(port))
+    server = start_server(api_keys=f"dave:{ALICE}", key_max_streams="1", grpc_port=str(port), warmup="false")
     messages, services = cosyvoice_stubs  # type: ignore[misc]
     request = messages.Request()
     request.sft_request.CopyFrom(messages.sftRequest(tts_text="Keys over gRPC.", spk_id=""))

@@ -34,7 +34,7 @@ def test_the_committed_modules_are_generated_from_the_proto() -> None:
 @pytest.fixture(scope="module")
 def grpc_server(start_server: Callable[..., Server]) -> tuple[Server, str]:
     port = free_port()
-    return start_server(grpc_port=str(port)), f"127.0.0.1:{port}"
+    return start_server(grpc_port=str(port), warmup="false"), f"127.0.0.1:{port}"
 
 
 def inference(stubs: Any, target: str, **payload: Any) -> bytes:

@@ -62,7 +62,9 @@ def refused_while_draining(server: Server) -> None:
 
 def test_sigterm_lets_streams_finish_then_closes_sockets_and_exits_0(tmp_path: Path) -> None:
     log_file = tmp_path / "server.log"
-    server = start_rtvoice({"RTVOICE_DRAIN_TIMEOUT_S": "60", "RTVOICE_LOG_LEVEL": "info"}, log_file=log_file)
+    server = start_rtvoice(
+        {"RTVOICE_DRAIN_TIMEOUT_S": "60", "RTVOICE_LOG_LEVEL": "info", "RTVOICE_WARMUP": "false"}, log_file=log_file
+    )
 
     async def main() -> None:
         speaking, idle = await started(server), await started(server)
@@ -111,7 +113,7 @@ def test_sigterm_lets_streams_finish_then_closes_sockets_and_exits_0(tmp_path: P
 
 def test_the_drain_timeout_closes_what_is_still_open(tmp_path: Path) -> None:
     """A WebSocket utterance that never ends and a WHEP session: closed when the timeout runs out, then exit 0."""
-    server = start_rtvoice({"RTVOICE_DRAIN_TIMEOUT_S": "2"})
+    server = start_rtvoice({"RTVOICE_DRAIN_TIMEOUT_S": "2", "RTVOICE_WARMUP": "false"})
 
     async def main() -> None:
         ws = await started(server)

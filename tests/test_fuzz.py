@@ -135,7 +135,7 @@ async def reference_pcm(url: str, text: str) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def fuzzed(start_server: Callable[..., Server]) -> Server:
-    return start_server(ws_max_message_bytes=str(WS_LIMIT), whep_max_message_bytes=str(WS_LIMIT))
+    return start_server(ws_max_message_bytes=str(WS_LIMIT), whep_max_message_bytes=str(WS_LIMIT), warmup="false")
 
 
 PROBE_SEED = 987_654_321

@@ -82,7 +82,8 @@ def test_first_audio_arrives_while_synthesis_runs(server: Server) -> None:
         rest = b"".join(chunks)
     total_seconds = (len(first) + len(rest)) / 2 / EMBEDDED_VOICE_RATE
     assert total_seconds > 20
-    assert len(first) / 2 / EMBEDDED_VOICE_RATE < 0.5  # the first chunk is small
+    # The first read is a small part of the whole (a client slowed by a loaded machine reads a few chunks at once).
+    assert len(first) / 2 / EMBEDDED_VOICE_RATE < total_seconds / 10
 
 
 def test_disconnect_cancels_synthesis(server: Server) -> None:

@@ -40,7 +40,7 @@ LIMITS = {
 
 @pytest.fixture(scope="module")
 def limited(start_server: Callable[..., Server]) -> Server:
-    return start_server(**LIMITS)
+    return start_server(**LIMITS, warmup="false")
 
 
 def address(server: Server) -> tuple[str, int]:
@@ -142,7 +142,7 @@ def test_slow_headers_and_silent_connections_are_closed(limited: Server) -> None
 def test_connections_at_once(start_server: Callable[..., Server]) -> None:
     """uvicorn's limit_concurrency (RTVOICE_MAX_CONNECTIONS): past it, 503 at once; the head deadline then frees
     the idle connections and requests pass again."""
-    server = start_server(max_connections="6", header_timeout_s="1.5")
+    server = start_server(max_connections="6", header_timeout_s="1.5", warmup="false")
     host, port = address(server)
     idle = [socket.create_connection((host, port)) for _ in range(6)]
     try:

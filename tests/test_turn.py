@@ -82,6 +82,7 @@ def turn_server(start_server: Callable[..., Server], turn_port: int) -> Server:
         turn_urls=f'["turn:127.0.0.1:{turn_port}?transport=udp"]',
         turn_secret=SECRET,
         turn_credential_ttl_s=str(TTL_S),
+        warmup="false",
     )
 
 

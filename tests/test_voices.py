@@ -16,7 +16,7 @@ def test_voices_directory(tmp_path: Path, start_server) -> None:  # type: ignore
     (tmp_path / "en_US-second-medium.onnx").symlink_to(model)
     (tmp_path / "en_US-second-medium.onnx.json").symlink_to(Path(f"{model}.json"))
     (tmp_path / "orphan.onnx").symlink_to(model)  # no config beside it: not a voice
-    server = start_server(voices_dir=str(tmp_path), openai_voice_map='{"nova": "en_US-second-medium"}')
+    server = start_server(voices_dir=str(tmp_path), openai_voice_map='{"nova": "en_US-second-medium"}', warmup="false")
     ids = [v["id"] for v in httpx.get(f"{server.url}/voices").json()]
     assert ids == ["en_US-joe-medium", "en_US-second-medium"]
     response = httpx.post(

@@ -147,7 +147,7 @@ def test_http_speaks(page) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_a_keyed_server_asks_for_the_key_and_every_transport_sends_it(chromium, start_server) -> None:  # type: ignore[no-untyped-def]
-    keyed = start_server(api_keys="page:sk-page-0123456789")
+    keyed = start_server(api_keys="page:sk-page-0123456789", warmup="false")
     context = chromium.new_context()
     try:
         page = context.new_page()

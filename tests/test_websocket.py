@@ -175,7 +175,7 @@ def session(server: Server, body: Callable[[Client], Any]) -> Any:
 @pytest.fixture(scope="module")
 def small_server(start_server: Callable[..., Server]) -> Server:
     """One synthesis slot, no queue, short utterances: overload and length limits."""
-    return start_server(max_active_streams="1", max_queued_streams="0", max_text_chars="200")
+    return start_server(max_active_streams="1", max_queued_streams="0", max_text_chars="200", warmup="false")
 
 
 # -- streaming text ------------------------------------------------------------------------------------------

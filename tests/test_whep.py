@@ -650,7 +650,7 @@ def test_idle_sessions_are_closed_and_connected_ones_kept(configured: Server) ->
 @pytest.fixture(scope="module")
 def fresh(start_server: Any) -> Server:
     """A server of its own, so that what is left after a test is that test's doing."""
-    return start_server(whep_max_sessions="64")
+    return start_server(whep_max_sessions="64", warmup="false")
 
 
 def test_fifty_sessions_leave_nothing_behind(fresh: Server) -> None:

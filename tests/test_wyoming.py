@@ -543,7 +543,7 @@ def test_sigterm_lets_a_wyoming_request_finish_and_refuses_new_ones(tmp_path: Pa
     """On a server started with ``rtvoice serve --wyoming URI``."""
     port = free_port()
     server = start_rtvoice(
-        {"RTVOICE_DRAIN_TIMEOUT_S": "60"},
+        {"RTVOICE_DRAIN_TIMEOUT_S": "60", "RTVOICE_WARMUP": "false"},
         log_file=tmp_path / "server.log",
         command=[sys.executable, "-m", "rtvoice.app.cli", "serve", "--wyoming", f"tcp://127.0.0.1:{port}"],
     )

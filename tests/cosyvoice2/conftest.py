@@ -19,7 +19,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_FIXTURE = REPO_ROOT.parent / "shared" / "fixtures" / "cosyvoice2-tiny"
 
 PARITY_ERRORS: dict[str, float] = {}
-"""vector name -> max abs error, filled by the parity tests, printed in the terminal summary."""
+"""vector name -> max abs error, gathered from the parity tests' reports (from every pytest-xdist worker), printed in
+the terminal summary."""
+PARITY_PROPERTY = "parity_error"
 
 
 def fixture_dir() -> Path:
@@ -66,16 +68,23 @@ def model(model_dir: Path) -> Any:
 
 
 @pytest.fixture
-def record_error() -> Any:
+def record_error(record_property: Any) -> Any:
     def record(name: str, expected: Any, actual: Any) -> float:
         assert tuple(actual.shape) == tuple(expected.shape), (
             f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
         )
         err = float((actual.float() - expected.float()).abs().max()) if expected.numel() else 0.0
-        PARITY_ERRORS[name] = err
+        record_property(PARITY_PROPERTY, (name, err))  # the report carries it back from a worker
         return err
 
     return record
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for key, value in report.user_properties:
+        if key == PARITY_PROPERTY:
+            name, err = value
+            PARITY_ERRORS[name] = err
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

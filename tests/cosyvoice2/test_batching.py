@@ -25,7 +25,7 @@ AUDIO_TOL = 1e-4
 # shrinking one (minutes of model calls) would outlast the test timeout.
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
 LM_SETTINGS = settings(
-    max_examples=40,
+    max_examples=24,
     deadline=None,
     derandomize=True,
     database=None,
@@ -33,7 +33,7 @@ LM_SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 T2W_SETTINGS = settings(
-    max_examples=8,
+    max_examples=5,
     deadline=None,
     derandomize=True,
     database=None,

@@ -39,6 +39,7 @@ def target(
         cosyvoice_dir=str(serving_model_dir),
         grpc_port=str(port),
         cosyvoice_voices_dir=str(tmp_path_factory.mktemp("grpc-voices")),
+        warmup="false",
     )
     return f"127.0.0.1:{port}"
 

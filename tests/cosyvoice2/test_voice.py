@@ -174,7 +174,8 @@ def test_concurrent_streams_through_the_engine(serving_service: Any) -> None:
     registry.cosyvoice = serving_service
 
     async def run() -> tuple[list[np.ndarray], list[np.ndarray], list[Any]]:
-        engine = Engine(EngineSettings(warmup=False, runner_threads=2), voices=registry)
+        # Admission by measured costs would hold the second stream back on a slow machine: not what is tested here.
+        engine = Engine(EngineSettings(warmup=False, runner_threads=2, max_load=1000), voices=registry)
         await engine.start()
         try:
 
@@ -197,8 +198,11 @@ def test_concurrent_streams_through_the_engine(serving_service: Any) -> None:
     segments = most_tokens(serving_service, "Hi.") + most_tokens(serving_service, "Ok.")
     assert len(alone[0]) == segments * samples_per_token(serving_service)
     assert not np.array_equal(alone[0], alone[1])
-    first, second = decisions[0].stream_ids[0], decisions[1].stream_ids[0]
-    assert first != second, f"the second stream waited for the first: {decisions[:8]}"
+    # The streams overlap: the second's first call comes before the first's last (how many calls the first makes
+    # before the second is admitted follows the machine's speed, so no count is asserted).
+    order = [stream for decision in decisions for stream in decision.stream_ids]
+    first, second = order[0], next(stream for stream in order if stream != order[0])
+    assert order.index(second) < len(order) - 1 - order[::-1].index(first), f"the second waited: {decisions}"
     assert all(len(d.stream_ids) == 1 for d in decisions if d.kind == "token2wav")
 
 
