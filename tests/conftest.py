@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -62,12 +63,18 @@ def start_server() -> Iterator[Callable[..., Server]]:
 
 
 @pytest.fixture(scope="session")
-def piper_voice():  # type: ignore[no-untyped-def]
-    """The embedded voice, loaded in-process for model-level checks."""
+def piper_measured_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where ``piper_voice`` keeps the context frames it measured (empty before it loads)."""
+    return tmp_path_factory.mktemp("measured")
+
+
+@pytest.fixture(scope="session")
+def piper_voice(piper_measured_dir: Path):  # type: ignore[no-untyped-def]
+    """The embedded voice, loaded in-process for model-level checks (its contexts measured, not read back)."""
     from rtvoice.engine.models.piper.voice import PiperVoice
     from rtvoice.engine.voices import embedded_voice_path
 
-    voice = PiperVoice(embedded_voice_path())
+    voice = PiperVoice(embedded_voice_path(), measured_dir=piper_measured_dir)
     voice.warmup()
     return voice
 

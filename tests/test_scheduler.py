@@ -617,7 +617,7 @@ def test_first_calls_on_every_core_change_nothing() -> None:
 
 
 def test_admission_limits_and_cancellation(start_server) -> None:  # type: ignore[no-untyped-def]
-    server: Server = start_server(max_active_streams="1", max_queued_streams="1")
+    server: Server = start_server(max_active_streams="1", max_queued_streams="1", warmup="false")
     body = {"tts_text": LONG, "format": "pcm"}
     with httpx.Client(timeout=60) as a_client, httpx.Client(timeout=60) as b_client:
         with a_client.stream("POST", f"{server.url}/inference_sft", data=body) as a:
