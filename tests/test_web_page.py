@@ -60,28 +60,32 @@ WORD_DRIFT_S = 0.15
 """How far a highlight may stray from its word's place in the audio (timers and a shared machine's scheduling)."""
 
 
-def speak_then_stop(page, transport: str) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
+def speak_then_stop(page, server: Server, transport: str) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
     """Speak STORY, press Stop after a few words were highlighted; the page's record and the last word heard."""
+    late_before = server.metric("rtvoice_late_chunks_total")
     page.fill("#text", STORY)
     speak(page, transport)
     page.wait_for_function("window.rtvoice.highlights.length >= 6", timeout=20_000)
     page.click("#stop")
     page.wait_for_function("window.rtvoice.heard !== null", timeout=10_000)
     stats = page.evaluate("window.rtvoice")
-    check_highlights_follow_the_audio(stats)
+    check_highlights_follow_the_audio(stats, late=server.metric("rtvoice_late_chunks_total") > late_before)
     return stats, check_heard(page, stats)
 
 
-def check_highlights_follow_the_audio(stats: dict) -> None:
+def check_highlights_follow_the_audio(stats: dict, late: bool) -> None:
     """Each highlight is a word of the text, in order, and they are as far apart as the words are in the audio:
-    highlighting on arrival would bunch them (WebSocket audio arrives in chunks, ahead of playback)."""
+    highlighting on arrival would bunch them (WebSocket audio arrives in chunks, ahead of playback). Where the
+    server counted a chunk late (``late``: a loaded machine), the audio paused and the highlights after it with it:
+    they may then come later than the words' distance in the audio, never earlier."""
     marks = stats["highlights"]
     assert all(STORY[m["char_start"] : m["char_end"]] == m["text"] for m in marks), marks
     starts = [m["char_start"] for m in marks]
     assert starts == sorted(set(starts)), starts
     first = marks[0]
     drift = [(m["at"] - first["at"]) / 1000 - (m["start_s"] - first["start_s"]) for m in marks]
-    assert all(abs(d) < WORD_DRIFT_S for d in drift), drift
+    assert all(d > -WORD_DRIFT_S for d in drift), drift
+    assert late or all(d < WORD_DRIFT_S for d in drift), drift
     shown = stats["highlights"][-1]
     print(
         f"{stats['transport']}: {len(marks)} highlights, drift {min(drift):+.3f}..{max(drift):+.3f} s, "
@@ -101,8 +105,8 @@ def check_heard(page, stats: dict) -> dict:  # type: ignore[no-untyped-def]
     return ends[0]
 
 
-def test_websocket_highlights_words_as_played_and_stop_shows_heard(page) -> None:  # type: ignore[no-untyped-def]
-    stats, last = speak_then_stop(page, "websocket")
+def test_websocket_highlights_words_as_played_and_stop_shows_heard(page, server: Server) -> None:  # type: ignore[no-untyped-def]
+    stats, last = speak_then_stop(page, server, "websocket")
     # The page plays its first chunk a moment after it arrives (and the output adds its latency), never before.
     first = stats["highlights"][0]
     assert 0 <= (first["at"] - stats["firstAudioAt"]) / 1000 - first["start_s"] < 0.3, (first, stats["firstAudioAt"])
@@ -127,8 +131,8 @@ def test_websocket_highlights_words_as_played_and_stop_shows_heard(page) -> None
         assert done and cancelled["utterances"] == [], (cancelled, events[:at_cancel][-3:])
 
 
-def test_webrtc_highlights_words_as_played_and_stop_shows_heard(page) -> None:  # type: ignore[no-untyped-def]
-    stats, last = speak_then_stop(page, "webrtc")
+def test_webrtc_highlights_words_as_played_and_stop_shows_heard(page, server: Server) -> None:  # type: ignore[no-untyped-def]
+    stats, last = speak_then_stop(page, server, "webrtc")
     # What the server says was played out to the player when it cancelled.
     cancelled = next(e for e in stats["events"] if e["type"] == "cancelled")
     assert cancelled["last_word"]["char_end"] == last["char_end"] and cancelled["request_id"] == "page-1"
