@@ -35,7 +35,8 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse(
         {
             "status": "ready",
-            "voices": [info.id for info in engine.voice_infos()],
+            # Loaded voices, without reading a shared voices directory: balancers probe every replica every second.
+            "voices": engine.voices.ids(),
             "room": round(engine.room(), 3),  # what the agent-check weighs this replica by (app/agent.py)
             "active_streams": counts.active,
             "queued_streams": counts.queued,

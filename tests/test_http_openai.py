@@ -148,6 +148,7 @@ def test_voice_lists(server: Server) -> None:
     listing = httpx.get(f"{server.url}/v1/audio/voices").json()
     assert [v["id"] for v in listing["voices"]] == [v["id"] for v in voices]
     assert listing["aliases"]["alloy"] == "en_US-joe-medium"
+    assert httpx.get(f"{server.url}/readyz").json()["voices"] == [v["id"] for v in voices]
 
 
 def test_health_docs_and_unknown_routes(server: Server) -> None:
