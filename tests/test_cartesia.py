@@ -204,8 +204,10 @@ def test_buffering_waits_for_the_delay_or_speaks_at_once(server: Server) -> None
                 pass
             return message["received_at"] - sent_at
 
-    assert asyncio.run(first_chunk_after(600)) >= 0.6
-    assert asyncio.run(first_chunk_after(0)) < 0.6
+    # Against each other, not a fixed bound: a loaded machine's first audio alone can take most of a second.
+    delayed = asyncio.run(first_chunk_after(1500))
+    assert delayed >= 1.5
+    assert asyncio.run(first_chunk_after(0)) < delayed - 0.75
 
 
 def test_cancel_stops_a_context_and_frees_its_slot(server: Server) -> None:

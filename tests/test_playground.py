@@ -1,6 +1,7 @@
 """The playground page at ``/`` in headless Chromium against the real server: accessibility (axe-core) in its idle,
 speaking, error and dark states and at 375 px, speed, downloads, the code panel run for real, text typed like an
-LLM, the keyboard alone, and ``GET /v1/info`` which the page sets itself up from. One browser for the module; each
+LLM, the keyboard alone, a voice's preview and the waveform, a busy server's Retry-After counted down, and
+``GET /v1/info`` which the page sets itself up from. One browser for the module; each
 test opens the page afresh in a context cut off from everything but the server."""
 
 from __future__ import annotations
@@ -273,3 +274,72 @@ def test_speak_and_stop_from_the_keyboard(page) -> None:  # type: ignore[no-unty
     page.wait_for_function("window.rtvoice.runs === 2 && window.rtvoice.ttfaMs !== null", timeout=30_000)
     page.keyboard.press("Escape")
     page.wait_for_function("window.rtvoice.state === 'stopped'", timeout=10_000)
+
+
+def test_preview_speaks_the_voice_and_the_waveform_draws_it_with_word_ticks(page) -> None:  # type: ignore[no-untyped-def]
+    """Preview says the voice's name over HTTP; the canvas then holds the audio heard, drawn in the accent colour, and
+    a tick in the text colour at each word's start along its top edge."""
+    page.click("#preview")
+    stats = wait_done(page)
+    assert stats["errors"] == [] and stats["samplesPlayed"] > PAGE_RATE // 2
+    assert page.inner_text("#transcript").startswith("Hello, this is ")
+    words = stats["words"]
+    assert len(words) >= 4, words
+    drawn = page.evaluate(
+        """() => {
+          const canvas = document.getElementById("waveform");
+          const { width, height } = canvas;
+          const pixels = canvas.getContext("2d").getImageData(0, 0, width, height).data;
+          const style = getComputedStyle(document.documentElement);
+          const rgb = (name) => {
+            const probe = document.createElement("canvas").getContext("2d");
+            probe.fillStyle = style.getPropertyValue(name).trim();
+            probe.fillRect(0, 0, 1, 1);
+            return Array.from(probe.getImageData(0, 0, 1, 1).data.slice(0, 3));
+          };
+          const accent = rgb("--accent"), text = rgb("--text");
+          const same = (i, c) => pixels[i + 3] > 0 && [0, 1, 2].every((k) => Math.abs(pixels[i + k] - c[k]) < 8);
+          let wave = 0;
+          for (let i = 0; i < pixels.length; i += 4) if (same(i, accent)) wave += 1;
+          const ticks = [];
+          for (let x = 0; x < width; x++) if (same(4 * x, text) && !same(4 * (x - 1), text)) ticks.push(x);
+          return { width, height, wave, ticks };
+        }"""
+    )
+    # Bars fill a visible share of the canvas; the ticks are as many as the words (two may share a pixel column).
+    assert drawn["wave"] > 0.02 * drawn["width"] * drawn["height"], drawn
+    assert len(words) - 2 <= len(drawn["ticks"]) <= len(words), (drawn["ticks"], words)
+
+
+def test_a_busy_server_s_retry_after_is_counted_down_before_speak_is_offered(  # type: ignore[no-untyped-def]
+    chromium, start_server
+) -> None:
+    """On a server with one stream's room and no queue, held by a WebSocket utterance whose text is still open: Speak
+    gets a 503, and the alert counts down its Retry-After with Speak disabled, then says it can be retried and
+    enables Speak; once the room is free, the retry speaks."""
+    from websockets.sync.client import connect
+
+    busy = start_server(max_active_streams="1", max_queued_streams="0", warmup="false")
+    context = chromium.new_context()
+    try:
+        with connect(busy.url.replace("http://", "ws://") + "/v1/tts/stream") as holder:
+            holder.send(json.dumps({"type": "start"}))
+            holder.send(json.dumps({"type": "text", "text": SENTENCE + " And"}))  # the next word ends the sentence
+            while not isinstance(holder.recv(timeout=30), bytes):  # speaking, its input open: it holds the room
+                pass
+            page = context.new_page()
+            page.goto(busy.url + "/")
+            page.wait_for_function("document.querySelectorAll('#voice option').length > 0 && window.rtvoice.info")
+            speak(page, "http", SENTENCE)
+            page.wait_for_function("window.rtvoice.lastError && window.rtvoice.lastError.retry_after_s", timeout=10_000)
+            seconds = page.evaluate("window.rtvoice.lastError.retry_after_s")
+            assert seconds >= 1 and page.is_disabled("#speak")
+            assert f"Retry in {seconds} s." in page.inner_text("#error")
+        page.wait_for_function(
+            "document.getElementById('error').innerText.includes('You can retry now.')", timeout=(seconds + 3) * 1000
+        )
+        assert page.is_enabled("#speak")
+        speak(page, "http", SENTENCE)  # the WebSocket closed, its stream with it: the retry speaks
+        assert wait_done(page)["samplesPlayed"] > 0
+    finally:
+        context.close()
