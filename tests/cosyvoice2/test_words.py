@@ -18,7 +18,8 @@ torch = require("torch")
 require("transformers")
 require("kaldi_native_fbank")
 
-TEXT = "Hello there, $5 each. And a second sentence follows."
+TEXT = "Hi, $5 each. Then more."
+"""Short: the tiny model makes the most tokens its text allows, slowly on a CPU."""
 
 
 def stream_events(service: Any, voice: Any, text: str, seed: int) -> list[object]:
@@ -47,7 +48,7 @@ def test_cosyvoice2_words_are_marked_estimates_inside_their_audio(serving_servic
     voice = next(iter(serving_service.speakers.values()))
     received = stream_events(serving_service, voice, TEXT, seed=2)
     words = [e for e in received if isinstance(e, WordTiming)]
-    assert [w.text for w in words] == ["Hello", "there", "$5", "each", "And", "a", "second", "sentence", "follows"]
+    assert [w.text for w in words] == ["Hi", "$5", "each", "Then", "more"]
     assert all(w.approximate and TEXT[w.start : w.end] == w.text for w in words)
     sent = 0.0
     segment_ends: list[float] = []
@@ -64,5 +65,5 @@ def test_cosyvoice2_words_are_marked_estimates_inside_their_audio(serving_servic
     assert all(0 <= w.start_s <= sent and w.end_s >= w.start_s for w in words)
     # Each segment's words lie in its own audio: the second sentence's start after the first one's audio.
     assert len(segment_ends) == 2
-    assert all(w.start_s < segment_ends[0] for w in words[:4])
-    assert all(w.start_s >= segment_ends[0] - 1e-6 for w in words[4:])
+    assert all(w.start_s < segment_ends[0] for w in words[:3])
+    assert all(w.start_s >= segment_ends[0] - 1e-6 for w in words[3:])
