@@ -69,15 +69,17 @@ def speak_then_stop(page, server: Server, transport: str) -> tuple[dict, dict]: 
     page.click("#stop")
     page.wait_for_function("window.rtvoice.heard !== null", timeout=10_000)
     stats = page.evaluate("window.rtvoice")
-    check_highlights_follow_the_audio(stats, late=server.metric("rtvoice_late_chunks_total") > late_before)
+    # The audio paused where the server counted a chunk late or the page's own player ran dry (a loaded machine).
+    stats["paused"] = server.metric("rtvoice_late_chunks_total") > late_before or stats["underruns"] > 0
+    check_highlights_follow_the_audio(stats, late=stats["paused"])
     return stats, check_heard(page, stats)
 
 
 def check_highlights_follow_the_audio(stats: dict, late: bool) -> None:
     """Each highlight is a word of the text, in order, and they are as far apart as the words are in the audio:
-    highlighting on arrival would bunch them (WebSocket audio arrives in chunks, ahead of playback). Where the
-    server counted a chunk late (``late``: a loaded machine), the audio paused and the highlights after it with it:
-    they may then come later than the words' distance in the audio, never earlier."""
+    highlighting on arrival would bunch them (WebSocket audio arrives in chunks, ahead of playback). Where the audio
+    paused (``late``: a loaded machine), the highlights after the pause paused with it: they may then come later than
+    the words' distance in the audio, never earlier."""
     marks = stats["highlights"]
     assert all(STORY[m["char_start"] : m["char_end"]] == m["text"] for m in marks), marks
     starts = [m["char_start"] for m in marks]
@@ -116,7 +118,8 @@ def test_websocket_highlights_words_as_played_and_stop_shows_heard(page, server:
     words = [e for e in stats["events"] if e["type"] == "word"]
     after = [w for w in words if w["char_start"] >= last["char_end"]]
     assert last["end_s"] < played_s + WORD_DRIFT_S, (last, played_s)
-    assert not after or after[0]["end_s"] > played_s - WORD_DRIFT_S, (after[0], played_s)
+    # After a pause less audio has played than the wall clock says: the next word may then have ended by it.
+    assert stats["paused"] or not after or after[0]["end_s"] > played_s - WORD_DRIFT_S, (after[0], played_s)
     page.wait_for_function("window.rtvoice.events.some(e => e.type === 'cancelled')", timeout=10_000)
     events = page.evaluate("window.rtvoice.events")
     at_cancel = next(i for i, e in enumerate(events) if e["type"] == "cancelled")
