@@ -7,6 +7,12 @@ tags and attributes; so what a hostile document can cost is linear in its length
 markup (a bare ``&``, a ``<`` that starts no tag, HTML's named entities) instead of refusing it, because a voice
 agent cannot resend a turn; structural errors are the caller's to judge (``engine/ssml.py``).
 
+A ``<`` starts a tag when a name follows it and then ``>``, ``/>`` or an attribute (``name=``, or a bare name
+that ends the tag: ``<break strength/>``); anything else after the name (a comma, a word with no ``=``, another
+``<``) makes it text, as in ``if a<b then c`` or ``Map<String, Int>``. Once a ``<`` has started a tag, the tag
+must be well formed: a bad attribute after that, an attribute twice, or a tag past ``MAX_TAG_CHARS`` is an error.
+``List<String>`` is a well-formed tag, so in SSML it opens an element that is never closed: a structural error.
+
 In ``ssml`` mode every tag is markup; in ``plain`` mode only tags named in ``inline_tags`` are, and the rest of
 the text, angle brackets and ampersands included, is text as written. Text pushed in pieces is read as it
 completes: a tag, comment or entity cut between pieces waits for the rest.
@@ -21,14 +27,17 @@ from typing import Literal
 
 from rtvoice.engine.mapped_text import MappedText, Span
 
-MAX_TAG_CHARS = 4096
-"""The longest tag read (attributes included): a request's tags are short; a longer one is an attack or an error."""
+MAX_TAG_CHARS = 2048
+"""The longest tag read (attributes included): a request's tags are short (the longest a client sends, an
+``<audio src>`` with a signed URL, is under 2 KiB); a longer one is an attack or an error. Below the default text
+limit (``RTVOICE_MAX_TEXT_CHARS``, 4096), so the reader's own bound is what refuses a long tag."""
 MAX_HELD_CHARS = 64
 """In plain text, how long a ``<`` that might still start an inline tag is held before it is read as text."""
 
 _NAME = re.compile(r"[A-Za-z_][\w.\-]*(?::[\w.\-]+)?")
-_ATTRIBUTE = re.compile(r"\s*([A-Za-z_:][\w.\-:]*)\s*=\s*(?:\"([^\"]*)\"|'([^']*)'|([^\s\"'=<>`/]+))")
-"""A name and its value: quoted, or (as LLMs and HTML write it) unquoted: ``<break time=1s/>``."""
+_ATTRIBUTE_NAME = re.compile(r"[A-Za-z_:][\w.\-:]*")
+_UNQUOTED = re.compile(r"[^\s\"'=<>`/]+")
+"""An attribute value as LLMs and HTML write it, without quotes: ``<break time=1s/>``."""
 _ENTITY = re.compile(r"&(?:#([0-9]{1,16})|#[xX]([0-9a-fA-F]{1,16})|([A-Za-z][A-Za-z0-9]{0,31}));")
 _PARTIAL_ENTITY = re.compile(r"&(?:#[xX]?[0-9a-fA-F]{0,16}|[A-Za-z][A-Za-z0-9]{0,31})?$")
 _PREDEFINED = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
@@ -228,17 +237,15 @@ class MarkupReader:
         return end + 1, None
 
     def _tag_at(self, buffer: str, lt: int, final: bool) -> tuple[int, Token | None] | None:
-        end = _quoted_end(buffer, lt + 1, ">")
-        if end is None:
-            if len(buffer) - lt > MAX_TAG_CHARS:
-                raise MarkupError(f"a tag longer than {MAX_TAG_CHARS} characters", self._offset + lt)
-            return self._unfinished(final, "a tag is never closed", lt)
-        if end + 1 - lt > MAX_TAG_CHARS:
-            raise MarkupError(f"a tag longer than {MAX_TAG_CHARS} characters", self._offset + lt)
-        return end + 1, self._parse_tag(buffer[lt : end + 1], self._offset + lt)
+        """In SSML: the tag at ``lt``, (``lt``, None) when the ``<`` starts none, None when more text must tell."""
+        try:
+            tag = _TagScan(buffer, lt, self._offset).scan(final)
+        except _NotATag:
+            return lt, None
+        return None if tag is None else (tag.end - self._offset, tag)
 
     def _inline_tag_at(self, buffer: str, lt: int, final: bool) -> tuple[int, Token | None] | None:
-        """In plain text, a ``<`` is markup only when it starts one of the inline tags."""
+        """In plain text, a ``<`` is markup only when it starts one of the inline tags, well formed."""
         rest = buffer[lt : lt + MAX_HELD_CHARS]
         match = re.match(r"</?([A-Za-z]*)", rest)
         name = match.group(1).lower() if match else ""
@@ -249,15 +256,11 @@ class MarkupReader:
         assert match is not None
         if name not in self.inline_tags or rest[match.end()] not in " \t\r\n/>":
             return lt, None
-        end = _quoted_end(buffer, lt + 1, ">", limit=MAX_TAG_CHARS)
-        if end is None:
-            if not final and len(buffer) - lt < MAX_TAG_CHARS:
-                return None
-            return lt, None
         try:
-            return end + 1, self._parse_tag(buffer[lt : end + 1], self._offset + lt)
-        except MarkupError:
+            tag = _TagScan(buffer, lt, self._offset).scan(final)
+        except (_NotATag, MarkupError):
             return lt, None  # not a well-formed tag after all: plain text keeps it as written
+        return None if tag is None else (tag.end - self._offset, tag)
 
     def _unfinished(self, final: bool, message: str, lt: int) -> tuple[int, Token | None] | None:
         """None (wait for the rest) before the end of input; MarkupError at it."""
@@ -265,54 +268,132 @@ class MarkupReader:
             raise MarkupError(message, self._offset + lt)
         return None
 
-    def _parse_tag(self, tag: str, at: int) -> Tag:
-        closing = tag.startswith("</")
-        body = tag[2:-1] if closing else tag[1:-1]
-        name_match = _NAME.match(body)
+
+class _NotATag(Exception):
+    """The ``<`` starts no tag: it is text."""
+
+
+class _TagScan:
+    """One tag read from its ``<`` at ``buffer[lt]``, a character at a time, so that what follows a name tells
+    whether it is a tag at all (see the module's notes). ``scan`` is the tag, None when the buffer ends before that
+    is known, ``_NotATag``, or MarkupError for a tag that started and is malformed, never finished, or too long."""
+
+    def __init__(self, buffer: str, lt: int, offset: int) -> None:
+        self.buffer = buffer
+        self.lt = lt
+        self.offset = offset
+        """Where ``buffer`` starts in the text as sent."""
+        self.limit = min(len(buffer), lt + MAX_TAG_CHARS)
+        self.started = False
+        """A name and ``>``, ``/>`` or ``=`` seen: from here on, what does not read is an error, not text."""
+
+    def scan(self, final: bool) -> Tag | None:
+        try:
+            return self._tag()
+        except _Cut:
+            if len(self.buffer) - self.lt >= MAX_TAG_CHARS:
+                raise MarkupError(f"a tag longer than {MAX_TAG_CHARS} characters", self.offset + self.lt) from None
+            if not final:
+                return None
+            if self.started:
+                raise MarkupError("a tag is never closed", self.offset + self.lt) from None
+            raise _NotATag from None
+
+    def _tag(self) -> Tag:
+        buffer = self.buffer
+        closing = buffer.startswith("</", self.lt)
+        position = self.lt + (2 if closing else 1)
+        name_match = _NAME.match(buffer, position, self.limit)
         if name_match is None:
-            raise MarkupError(f"a tag without a name: {tag[:40]!r}", at)
+            self._need(position)
+            raise _NotATag
         name = name_match.group(0).lower()
-        rest = body[name_match.end() :]
-        empty = rest.rstrip().endswith("/")
-        if empty:
-            rest = rest.rstrip()[:-1]
-        if closing:
-            if rest.strip() or empty:
-                raise MarkupError(f"the end tag </{name}> has more than its name", at)
-            return Tag(name, {}, at, at + len(tag), closing=True)
         attributes: dict[str, str] = {}
-        position = 0
-        for match in _ATTRIBUTE.finditer(rest):
-            if match.start() != position or (position and not rest[position].isspace()):
-                break
-            key = match.group(1).lower()
+        position = name_match.end()
+        while True:
+            self._need(position)  # a name may go on in the next piece
+            after = self._blanks(position)
+            self._need(after)
+            char = buffer[after]
+            if char == ">" or (char == "/" and not closing):
+                end = after if char == ">" else self._blanks(after + 1)
+                self._need(end)
+                if buffer[end] != ">":
+                    self._bad(name, after)
+                start = self.offset + self.lt
+                return Tag(name, attributes, start, self.offset + end + 1, closing=closing, empty=char == "/")
+            if closing or after == position:  # "</b c>", "<String," "<b<": no tag
+                self._bad(name, after)
+            key_match = _ATTRIBUTE_NAME.match(buffer, after, self.limit)
+            if key_match is None:
+                self._bad(name, after)
+            assert key_match is not None
+            equals = self._blanks(key_match.end())
+            self._need(equals)
+            if buffer[equals] != "=":
+                if buffer[equals] == "/":  # "<break strength/>": a tag with a bare attribute, not prose
+                    end = self._blanks(equals + 1)
+                    self._need(end)
+                    self.started = buffer[end] == ">"
+                self._bad(name, after)
+            self.started = True
+            key = key_match.group(0).lower()
             if key in attributes:
-                raise MarkupError(f"<{name}> has the attribute {key!r} twice", at)
-            value = next(group for group in match.groups()[1:] if group is not None)
+                raise MarkupError(f"<{name}> has the attribute {key!r} twice", self.offset + self.lt)
+            value_at = self._blanks(equals + 1)
+            self._need(value_at)
+            quote = buffer[value_at]
+            if quote in "\"'":
+                close = buffer.find(quote, value_at + 1, self.limit)
+                if close < 0:
+                    raise _Cut
+                value, position = buffer[value_at + 1 : close], close + 1
+            else:
+                unquoted = _UNQUOTED.match(buffer, value_at, self.limit)
+                if unquoted is None:
+                    self._bad(name, value_at)
+                assert unquoted is not None
+                value, position = unquoted.group(0), unquoted.end()
             attributes[key] = _BLANK_RUN.sub(" ", decode_entities(value, 0).text)
-            position = match.end()
-        if rest[position:].strip():
-            bad = rest[position:].strip()[:40]
-            raise MarkupError(f"<{name}> has a malformed attribute near {bad!r}", at + len(name) + 1 + position)
-        return Tag(name, attributes, at, at + len(tag), empty=empty)
+
+    def _blanks(self, position: int) -> int:
+        """Where the blanks from ``position`` end."""
+        while position < self.limit and self.buffer[position].isspace():
+            position += 1
+        return position
+
+    def _need(self, position: int) -> None:
+        """``_Cut`` when the buffer (or the longest tag) ends at ``position``: what comes next is still to come."""
+        if position >= self.limit:
+            raise _Cut
+
+    def _bad(self, name: str, at: int) -> None:
+        """Text for a ``<`` that had not yet started a tag; an error for a tag that had."""
+        if not self.started:
+            raise _NotATag
+        near = self.buffer[at : min(at + 40, self.limit)].strip()
+        raise MarkupError(f"<{name}> has a malformed attribute near {near!r}", self.offset + at)
+
+
+class _Cut(Exception):
+    """The buffer ends inside what may still be a tag."""
 
 
 _STOP_PATTERNS: dict[str, re.Pattern[str]] = {}
 
 
-def _quoted_end(buffer: str, start: int, stops: str, limit: int | None = None) -> int | None:
+def _quoted_end(buffer: str, start: int, stops: str) -> int | None:
     """Index of the first character of ``stops`` at or after ``start`` outside quotes; None when there is none yet.
     It hops from quote to quote with ``str.find``, so a long tag still costs one pass."""
     pattern = _STOP_PATTERNS.get(stops)
     if pattern is None:
         pattern = _STOP_PATTERNS[stops] = re.compile("[\"'" + re.escape(stops) + "]")
-    end = len(buffer) if limit is None else min(len(buffer), start + limit)
     position = start
-    while (match := pattern.search(buffer, position, end)) is not None:
+    while (match := pattern.search(buffer, position)) is not None:
         char = match.group(0)
         if char in stops:
             return match.start()
-        close = buffer.find(char, match.end(), end)
+        close = buffer.find(char, match.end())
         if close < 0:
             return None
         position = close + 1

@@ -306,6 +306,11 @@ DIALECTS: list[tuple[str, str, str, list[float]]] = [
         [],
     ),
     ("bad-time", '<speak>One<break time="NaN"/>two<break time="-3s"/>three</speak>', "One two three", [0.75, 0.75]),
+    # A "<" that cannot start a tag (a name, then prose or a comma, not an attribute) is text, read as written.
+    ("llm-comparison", "<speak>if a<b then c</speak>", "if a<b then c", []),
+    ("llm-generics", "<speak>Use Map<String, Int> here</speak>", "Use Map<String, Int> here", []),
+    ("llm-apostrophe", "<speak>it's a<b isn't it<break time='1s'/>done</speak>", "it's a<b isn't it done", [1.0]),
+    ("llm-end-tag", "<speak>x</b y> z</speak>", "x</b y> z", []),
 ]
 
 
@@ -316,6 +321,51 @@ def test_vendor_dialects(dialect: str, ssml: str, spoken: str, pauses: list[floa
     assert [round(item.seconds, 3) for item in items if isinstance(item, Silence) and item.seconds] == pauses
     for word in ("amazon", "mstts", "google", "speak", "voice", "chime", "effect", "whispered", "*"):
         assert word not in said(ssml).lower(), word  # no prefix, attribute value or <desc> is read
+
+
+@pytest.mark.parametrize("piece", [0, 1, 3])
+def test_a_lt_read_as_text_maps_its_words_into_the_text_as_sent(piece: int) -> None:
+    ssml = "<speak>If a<b then Map<String, Int> here.<break time='1s'/>Done.</speak>"
+    items = plan(ssml, piece=piece)
+    words = [
+        (word.text, ssml[word.start : word.end]) for item in items if isinstance(item, Segment) for word in item.words
+    ]
+    assert words == [
+        ("If", "If"),
+        ("a<b", "a<b"),
+        ("then", "then"),
+        ("Map<String", "Map<String"),
+        ("Int", "Int"),
+        ("here", "here"),
+        ("Done", "Done"),
+    ]
+
+
+def test_prosody_rates_as_vendors_write_them() -> None:
+    items = plan(
+        '<speak><prosody rate="1.5">One.</prosody> <prosody rate="+40%">Two.</prosody> '
+        '<prosody rate="-10%">Three.</prosody></speak>'
+    )
+    assert summary(items) == [("say", "One.", 1.5), ("say", "Two.", 1.4), ("say", "Three.", 0.9)]
+
+
+def test_azure_bookmark_is_a_mark() -> None:
+    ssml = '<speak>Hello <bookmark mark="x"/>world.</speak>'
+    (segment,) = plan(ssml)
+    assert isinstance(segment, Segment)
+    (mark,) = segment.marks
+    assert (mark.name, segment.words[mark.word].text, mark.position) == ("x", "world", ssml.index("<bookmark"))
+
+
+@pytest.mark.parametrize("piece", [0, 2])
+def test_a_comment_inside_speak_is_not_spoken(piece: int) -> None:
+    ssml = "<speak>Hello <!-- say nothing of this --> world.</speak>"
+    assert said_in_pieces(ssml, piece) == "Hello world."
+
+
+def test_any_default_namespace_and_version_are_accepted() -> None:
+    ssml = '<speak version="0.9" xmlns="urn:example:not-ssml" xml:lang="en-GB">Hi <break time="1s"/>there.</speak>'
+    assert summary(plan(ssml)) == [("say", "Hi", 1.0), ("pause", 1.0, 0), ("say", "there.", 1.0)]
 
 
 def test_cartesia_inline_tags() -> None:
@@ -348,6 +398,11 @@ def test_cartesia_inline_tags() -> None:
         ("<speak>x</speak> and after", "after the document"),
         ('<speak><break time="1s" time="2s"/></speak>', "twice"),
         ('<speak><break time=="1s"/></speak>', "malformed attribute"),
+        ("<speak>A <break strength/> b</speak>", "malformed attribute"),
+        ('<speak>a<b c="d" e</speak>', "malformed attribute"),  # past its first attribute, a tag: not prose
+        # A well-formed tag is markup even where a programmer meant a generic: an element never closed, a 400.
+        ("<speak>List<String></speak>", "</speak> closes <string>"),
+        ("<speak>Use <T> here", "<t> is never closed"),
         ('<!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;">]><speak>&lol2;</speak>', "DOCTYPE"),
         (
             '<?xml version="1.0"?><!DOCTYPE speak [<!ENTITY xxe SYSTEM "file:///etc/passwd">]><speak>&xxe;</speak>',
@@ -356,6 +411,7 @@ def test_cartesia_inline_tags() -> None:
         ('<!DOCTYPE speak SYSTEM "http://evil.example/x.dtd"><speak>x</speak>', "DTD"),
         ("<speak>" + "<s>" * 40 + "deep" + "</s>" * 40 + "</speak>", "deeper"),
         ('<speak><break time="' + "9" * 5000 + '"/></speak>', "longer than"),
+        ('<speak><break time="' + "9" * 3000 + '"/></speak>', "longer than 2048"),  # within the text limit
     ],
 )
 def test_bad_ssml_is_refused_with_its_position(ssml: str, problem: str) -> None:
