@@ -117,9 +117,15 @@ def test_say_refuses_what_it_cannot_write(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_say_rejects_empty_text(tmp_path: Path) -> None:
+def test_say_rejects_empty_text_and_bad_ssml(tmp_path: Path) -> None:
     result = rtvoice("say", "  ", "-o", str(tmp_path / "x.wav"))
     assert result.returncode == 2 and "empty" in result.stderr
+    document = "<speak>One <s>two</speak>"
+    bad = rtvoice("say", document, "-o", str(tmp_path / "x.wav"))
+    assert bad.returncode == 2, bad.stderr
+    (line,) = bad.stderr.strip().splitlines()
+    at = document.index("</speak>")
+    assert line == f"rtvoice: invalid SSML at character {at}: </speak> closes <s> (opened at 11)", line
     assert list(tmp_path.iterdir()) == []  # not even a partial file
 
 

@@ -109,7 +109,8 @@ def sft_call(stubs: Any, target: str, text: str, metadata: tuple[tuple[str, str]
 
 def test_ssml_options_are_metadata(cosyvoice_stubs: Any, grpc_server: tuple[Server, str]) -> None:
     """``x-input-type`` and ``x-lexicons`` (comma-separated) in the call's metadata, what was ignored in the trailing
-    ``x-ssml-ignored``. The proto has no seed, so the audio is judged by its length."""
+    ``x-ssml-ignored``, bad SSML an ``INVALID_ARGUMENT``. The proto has no seed, so the audio is judged by its
+    length."""
     server, target = grpc_server
     _, trailer = sft_call(cosyvoice_stubs, target, '<speak><foo>Hi</foo> <prosody pitch="high">there</prosody></speak>')
     assert trailer["x-ssml-ignored"] == "<foo>; <prosody pitch>"
@@ -135,6 +136,13 @@ def test_ssml_options_are_metadata(cosyvoice_stubs: Any, grpc_server: tuple[Serv
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         code = dict(caught.value.trailing_metadata())["rtvoice-error-code"]
         assert code == ("invalid_value" if param else "unknown_lexicon") and (param or "") in caught.value.details()
+    # SSML that does not read, found by its <speak> or forced by x-input-type: INVALID_ARGUMENT, nothing spoken.
+    for text, metadata in (("<speak>One <s>two</speak>", ()), ("One <s>two", (("x-input-type", "ssml"),))):
+        with pytest.raises(grpc.RpcError) as caught:
+            sft_call(cosyvoice_stubs, target, text, metadata)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
+        assert dict(caught.value.trailing_metadata())["rtvoice-error-code"] == "invalid_ssml"
+        assert "invalid SSML at character" in caught.value.details(), caught.value.details()
 
 
 def pls_document(lexemes: str) -> bytes:

@@ -299,7 +299,10 @@ HOSTILE = {
     "external DTD": '<!DOCTYPE speak SYSTEM "http://127.0.0.1:9/evil.dtd"><speak>Hello</speak>',
     "deep nesting": "<speak>" + "<prosody>" * 200 + "deep" + "</prosody>" * 200 + "</speak>",
     "large attribute": '<speak><break time="' + "1" * 1_000_000 + '"/></speak>',
+    "long tag": '<speak><break time="' + "1" * 3000 + '"/></speak>',  # within the text limit: the reader's own
 }
+PAST_THE_TEXT_LIMIT = {"large attribute"}
+"""Refused as too long before any reader sees it; over a WebSocket, past the message size (a 1009 close)."""
 
 
 def test_bad_and_hostile_ssml_gets_a_400_fast_and_disturbs_no_other_stream(server: Server) -> None:
@@ -323,12 +326,17 @@ def test_bad_and_hostile_ssml_gets_a_400_fast_and_disturbs_no_other_stream(serve
             started = time.monotonic()
             response = speech(server, document)
             elapsed = time.monotonic() - started
-            assert response.status_code in (400, 413), (name, response.status_code, response.text)
             error = response.json()["error"]
-            assert error["code"] in ("invalid_ssml", "input_too_long", "body_too_large"), (name, error)
-            assert elapsed < 2.0, (name, elapsed)
-            if error["code"] == "invalid_ssml":
+            if name in PAST_THE_TEXT_LIMIT:
+                refusal = (response.status_code, error["code"])
+                assert refusal in ((400, "input_too_long"), (413, "body_too_large")), (name, refusal)
+            else:
+                assert response.status_code == 400, (name, response.status_code, response.text)
+                assert error["code"] == "invalid_ssml", (name, error)
                 assert "at character" in error["message"] and error["param"] == "input"
+                if name == "long tag":
+                    assert "longer than 2048" in error["message"], error
+            assert elapsed < 2.0, (name, elapsed)
             assert httpx.get(f"{server.url}/readyz").status_code == 200
     finally:
         listener.join(120)
@@ -585,12 +593,13 @@ def test_cartesia_prosody_rate_and_a_lexicon(server: Server) -> None:
 
 
 def test_cartesia_hostile_xml_is_an_error_and_the_socket_lives_on(server: Server) -> None:
-    """Billion laughs, an external entity and deep nesting: an ``error`` for their context within 2 s; the same
-    socket then speaks a new context, and the server stays ready."""
+    """Every bad or hostile document that fits in a message (billion laughs, external entities, deep nesting, a
+    long tag...): an ``error`` for its context within 2 s; the same socket then speaks a new context, and the
+    server stays ready."""
 
     async def run() -> None:
         async with websockets.connect(server.url.replace("http://", "ws://") + CARTESIA_URL, max_size=None) as ws:
-            for name in ("billion laughs", "external entity", "deep nesting"):
+            for name in [name for name in HOSTILE if name not in PAST_THE_TEXT_LIMIT]:
                 started = time.monotonic()
                 await ws.send(cartesia_request(HOSTILE[name], context_id=name))
                 (error,) = await cartesia_until_done(ws, name)
@@ -624,7 +633,7 @@ def test_spelled_letters_are_heard_as_letters(server: Server) -> None:
 
 def test_whep_datachannel_marks_and_a_leading_break(server: Server) -> None:
     """A break at the start is kept though WHEP trims a voice's own leading silence; a mark leaves with the frame
-    of the word after it; SSML that does not read is an error event for that request."""
+    of the word after it; SSML that does not read is an error event for that request, and a 400 on ``/speak``."""
     doc = '<speak><break time="1s"/>Then <mark name="go"/>listen carefully.</speak>'
 
     async def main() -> None:
@@ -641,6 +650,16 @@ def test_whep_datachannel_marks_and_a_leading_break(server: Server) -> None:
             player.send({"type": "tts_request", "text": "<speak>Broken <s>text</speak>", "request_id": "b"})
             error = await player.event("error", start=start, timeout=10)
             assert error["code"] == "invalid_ssml" and error["param"] == "text", error
+            async with httpx.AsyncClient() as http:  # on ``/speak``: a 400 with the JSON error, nothing spoken
+                refused = await http.post(
+                    f"{player.session_url}/speak",
+                    json={"text": "<speak>Broken <s>text</speak>", "request_id": "r"},
+                    headers=player.headers,
+                )
+            assert refused.status_code == 400, refused.text
+            body = refused.json()["error"]
+            assert body["code"] == "invalid_ssml" and "at character" in body["message"], body
+            assert not [e for e in player.events if e.get("request_id") == "r"]
         finally:
             await player.close()
 
@@ -700,7 +719,13 @@ VENDOR_DOCUMENT = (
 
 
 def test_vendor_markup_is_never_heard(server: Server) -> None:
-    words = set(heard(pcm(server, VENDOR_DOCUMENT)))
+    """On OpenAI's route, and on Cartesia's WebSocket, whole and token by token."""
     vendor = {"amazon", "effect", "whispered", "express", "style", "cheerful", "lively", "google", "voice", "chime"}
-    assert not words & (vendor | MARKUP_WORDS), words
-    assert {"morning", "weather", "meet"} & words  # the speech itself is heard
+    for route, audio in (
+        ("openai", pcm(server, VENDOR_DOCUMENT)),
+        ("cartesia", cartesia_context(server, [VENDOR_DOCUMENT])),
+        ("cartesia, token by token", cartesia_context(server, re.findall(r"\S+\s*", VENDOR_DOCUMENT))),
+    ):
+        words = set(heard(audio))
+        assert not words & (vendor | MARKUP_WORDS), (route, words)
+        assert {"morning", "weather", "meet"} & words, (route, words)  # the speech itself is heard
