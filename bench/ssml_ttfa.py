@@ -1,11 +1,12 @@
 """What reading SSML costs in time to first audio: in-process, and over loopback HTTP.
 
-    python -m bench.ssml_ttfa [--runs 15]
+    python -m bench.ssml_ttfa [--runs 15] [--in-process]
 
 In-process: each SSML document and its plain text (the same words) go through a stream's segmenter (markup read,
 plan, segments normalised), and the median time per document and the difference are printed. Over HTTP: one rtvoice
 server (OpenAI's route, raw PCM); each document is asked as SSML and as its plain text in turn, and the median TTFA of
-each and their difference are printed. The target is that SSML adds at most 2 ms.
+each and their difference are printed (``--in-process`` leaves this part out: no server, seconds, and quiet enough
+to run beside other work). The target is that SSML adds at most 2 ms.
 """
 
 from __future__ import annotations
@@ -70,12 +71,15 @@ def ttfa_s(client: httpx.Client, server: Server, text: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--in-process", action="store_true", help="only the in-process part: no server")
     args = parser.parse_args()
 
     print(f"{'in process (ms per document, median)':58} {'ssml':>7} {'plain':>7} {'added':>6}")
     for ssml, plain in DOCUMENTS:
         ssml_ms, plain_ms = read_s(ssml) * 1e3, read_s(plain) * 1e3
         print(f"{ssml[:58]:58} {ssml_ms:7.3f} {plain_ms:7.3f} {ssml_ms - plain_ms:6.3f}")
+    if args.in_process:
+        return
 
     server = start_rtvoice()
     try:
