@@ -50,6 +50,11 @@ class Settings(EngineSettings):
     whep_red: bool = True
     """RFC 2198 redundancy (``red/48000/2``, the previous packet in each) for players that offer it, while the
     player reports loss."""
+    whep_send_loss: float = Field(0.0, ge=0.0, lt=1.0)
+    """TEST AND BENCHMARK HOOK, off at 0; never set it in production. This share of each WHEP session's own audio RTP
+    packets is dropped at random on the way out (seeded per session by its id; RTCP and retransmissions pass), so a
+    player, a browser too, sees real gaps, its receiver reports count them and the session adapts as on a lossy link
+    (``app/whep/marker.py``, ``bench/whep_browser_loss.py``)."""
 
     turn_urls: list[str] = Field(default_factory=list)
     """TURN server URLs (JSON list, e.g. ``["turn:turn.example.com:3478?transport=udp"]``) offered to players with

@@ -4,7 +4,9 @@ Real server, real voice, aiortc players. The FEC check captures the RTP a sessio
 sends, drops packets from it offline (seeded random and Gilbert–Elliott bursts)
 and plays the rest out with libopus, recovering lost frames from the next
 packet's FEC; the adaptation check drops packets on their way into the player,
-whose receiver reports then tell the server.
+whose receiver reports then tell the server. The server's own send-loss hook
+(``RTVOICE_WHEP_SEND_LOSS``, what the browser benchmark drops packets with) is
+checked the same way: gaps in what the player receives, and the session adapting.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +32,7 @@ from rtvoice.app.whep.adaptation import (
     ReceiverReport,
     report_of,
 )
+from rtvoice.app.whep.marker import SendLoss
 from rtvoice.app.whep.mediastreams import SpeechTrack
 from rtvoice.app.whep.red import red_payload
 from rtvoice.engine.audio.encoding import MAX_SWITCH_WAIT_FRAMES, OpusPacketEncoder, OpusTuning
@@ -371,6 +374,52 @@ def test_adaptation_steps_down_under_loss_and_back_up(server: Server) -> None:
             assert status["encoder_switches"] >= 2  # down to 24 kbit/s, back up (via 32)
             assert server.metric("rtvoice_whep_encoder_switches_total") - switches_before >= 2
             assert server.metric("rtvoice_whep_reported_loss_ratio_count") - reports_before >= 5
+        finally:
+            await player.close()
+
+    run(main())
+
+
+# -- the send-loss hook: a lossy path to any player, browsers too, made by the server -------------------------
+
+
+def test_send_loss_is_seeded_per_session_and_lets_retransmissions_pass() -> None:
+    def pattern(seed: str) -> list[bool]:
+        loss = SendLoss(0.2, seed)
+        return [loss.drops(n & 0xFFFF) for n in range(65_000, 67_000)]  # the sequence number wraps past 2**16
+
+    drops = pattern("session-a")
+    assert 0.17 < sum(drops) / len(drops) < 0.23
+    assert pattern("session-a") == drops and pattern("session-b") != drops
+    loss = SendLoss(0.99, "s")
+    assert loss.drops(10) and loss.drops(11) and loss.dropped == 2
+    assert not loss.drops(10) and not loss.drops(11)  # sent again: a retransmission, which goes
+    assert loss.drops(12)
+
+
+def test_send_loss_hook_drops_packets_and_the_session_adapts(start_server: Callable[..., Server]) -> None:
+    lossy = start_server(whep_send_loss="0.2", warmup="false")
+
+    async def main() -> None:
+        player = WhepPlayer(lossy.url)
+        await player.start()
+        try:
+            player.send({"type": "tts_request", "text": PASSAGE, "request_id": "p"})
+            await player.event("done", "p", timeout=60)
+
+            async def adapted() -> bool:
+                return (await player.status())["profile"] != "clean"
+
+            assert await wait_for_async_status(adapted, 30), await player.status()
+            status = await player.status()
+            assert status["profile"] in ("lossy", "heavy") and status["last_report"]["fraction_lost"] > 0.05
+            await player.wait_for_media_until(player.frames[-1].at + 4)  # settled silence goes on: more packets
+            # What arrived has gaps in its sequence numbers, about a fifth of what was sent.
+            steps = np.diff([p.sequence_number for p in player.rtp]) & 0xFFFF
+            assert steps.min() >= 1  # nothing twice, nothing out of order on loopback
+            missing = int((steps - 1).sum())
+            assert len(player.rtp) > 400
+            assert 0.13 < missing / (missing + len(player.rtp)) < 0.27
         finally:
             await player.close()
 

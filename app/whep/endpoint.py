@@ -86,7 +86,14 @@ class WhepEndpoint:
             id_prefix=f"{settings.replica_id}~" if settings.replica_id else "",
             opus_fec=settings.whep_opus_fec,
             red=settings.whep_red,
+            send_loss=settings.whep_send_loss,
         )
+        if settings.whep_send_loss:
+            log.warning(
+                "RTVOICE_WHEP_SEND_LOSS=%s: a test hook drops that share of every WHEP session's audio packets; "
+                "never set it in production",
+                settings.whep_send_loss,
+            )
 
     # -- sessions -----------------------------------------------------------------------------------
 

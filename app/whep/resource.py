@@ -21,7 +21,7 @@ from aiortc.rtcdatachannel import RTCDataChannel
 
 from rtvoice.app.errors import error_fields
 from rtvoice.app.whep.adaptation import PROFILES, LinkMonitor, LinkProfile, ReceiverReport
-from rtvoice.app.whep.marker import MarkerBitTransport
+from rtvoice.app.whep.marker import MarkerBitTransport, SendLoss
 from rtvoice.app.whep.mediastreams import SpeechTrack
 from rtvoice.app.whep.messages import Cancel, SpeakRequest, event, parse_message
 from rtvoice.app.whep.metrics import WhepMetrics
@@ -66,6 +66,9 @@ class SessionContext:
     """Opus in-band FEC for players that offer ``useinbandfec=1``."""
     red: bool = True
     """RFC 2198 redundancy, under loss, for players that offer ``red/48000/2``."""
+    send_loss: float = 0.0
+    """TEST AND BENCHMARK HOOK (``RTVOICE_WHEP_SEND_LOSS``): the share of the session's audio packets dropped on the
+    way out; 0 in production."""
 
 
 class WhepResource:
@@ -128,7 +131,8 @@ class WhepResource:
         await pc.setLocalDescription(answer)
         # The sender's transport is settled now (bundling happens while the offer is applied; no renegotiation).
         sender = transceiver.sender
-        marking = MarkerBitTransport(sender.transport, self.track, sender._ssrc)
+        loss = SendLoss(self.context.send_loss, self.id) if self.context.send_loss else None
+        marking = MarkerBitTransport(sender.transport, self.track, sender._ssrc, loss)
         sender.setTransport(marking)  # type: ignore[arg-type]  # a proxy that forwards to the RTCDtlsTransport
         codecs = audio_codecs(offer)  # aiortc accepted the offer, so it has Opus
         fec = red = False
