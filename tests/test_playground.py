@@ -1,7 +1,7 @@
 """The playground page at ``/`` in headless Chromium against the real server: accessibility (axe-core) in its idle,
-speaking, error and dark states and at 375 px, speed, downloads, the code panel run for real, text typed like an
-LLM, the keyboard alone, a voice's preview and the waveform, a busy server's Retry-After counted down, and
-``GET /v1/info`` which the page sets itself up from. One browser for the module; each
+speaking, error and dark states and at 375 px, speed, downloads (WebRTC's too: what its track played), the code panel
+run for real, text typed like an LLM, the keyboard alone, a voice's preview and the waveform, a busy server's
+Retry-After counted down, and ``GET /v1/info`` which the page sets itself up from. One browser for the module; each
 test opens the page afresh in a context cut off from everything but the server."""
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 import pytest
+import soxr
 
+from testkit.alignment import ALIGNER_RATE, heard_as
 from tests.audio import parse_wav, rms
 from tests.conftest import Server
 
@@ -206,6 +208,35 @@ def test_downloads_are_what_played_and_history_replays(page, server: Server) -> 
     page.click("#history li button")
     page.wait_for_function("window.rtvoice.state === 'done'", timeout=30_000)
     assert page.evaluate("window.rtvoice.replays") == 1 and requests == []
+
+
+def speech_s(samples: np.ndarray, rate: int) -> float:
+    """Seconds from the first sample above -60 dBFS to the last: the speech, not the silences around it."""
+    audible = np.flatnonzero(np.abs(samples.astype(np.int32)) > 32768 * 1e-3)
+    return float(audible[-1] + 1 - audible[0]) / rate
+
+
+def test_webrtc_download_is_the_audio_the_track_played(page, server: Server) -> None:  # type: ignore[no-untyped-def]
+    """WebRTC has no PCM of its own on the page: the WAV is what the received track played, recorded in the page.
+    Opus and the player's jitter buffer (which may play it a little faster) change its samples, so it is judged as
+    speech: as long as the request made directly, and heard as its sentence rather than another."""
+    speak(page, "webrtc", SENTENCE, seed="11")
+    stats = wait_done(page)
+    with page.expect_download() as download:
+        page.click("#download-wav")
+    header, samples = parse_wav(Path(download.value.path()).read_bytes())
+    rate = header["sample_rate"]
+    assert rate == stats["rate"] and len(samples) == stats["samplesPlayed"] > 0
+    direct = httpx.post(
+        f"{server.url}/v1/audio/speech",
+        json={"model": "tts-1", "input": SENTENCE, "voice": stats["info"]["default_voice"], "response_format": "pcm"}
+        | {"seed": 11},
+        timeout=60,
+    )
+    want_s = speech_s(np.frombuffer(direct.content, dtype="<i2"), PAGE_RATE)
+    assert abs(speech_s(samples, rate) - want_s) <= 0.15 * want_s, (speech_s(samples, rate), want_s)
+    choices = [SENTENCE.lower().rstrip("."), "my sister bought a small house near the river last summer"]
+    assert heard_as(soxr.resample(samples, rate, ALIGNER_RATE).astype(np.int16), choices) == choices[0]
 
 
 def run_snippet(command: list[str], cwd: Path, name: str) -> np.ndarray:

@@ -3,7 +3,7 @@
 // the code for the settings on screen, a history, and cloning where a model can. Plain ES modules, no build step,
 // nothing from outside this server. `window.rtvoice` is what the browser tests read.
 
-import { analyser, audio, currentLevel, PcmPlayer, wavBlob } from "./audio.js";
+import { analyser, audio, currentLevel, PcmPlayer, TrackRecorder, wavBlob } from "./audio.js";
 import { snippets } from "./code.js";
 import { PcmWordClock, Transcript, webVtt } from "./words.js";
 
@@ -209,12 +209,14 @@ function endRun(how) {
   else if (how === "error") transcript.clear();
   $("stop").disabled = true;
   setState(how);
-  const heard = player.heard();
+  const webrtc = run.transport === "webrtc" && !run.replay;
+  const heard = webrtc ? (whep ? whep.recorder.stop() : new Int16Array(0)) : player.heard();
+  const rate = webrtc ? whep && whep.recorder.rate : player.rate;
   stats.samplesPlayed = heard.length;
-  stats.rate = player.rate;
+  stats.rate = rate;
   run.samples = heard;
-  run.rate = player.rate;
-  const pcm = run.transport !== "webrtc" && heard.length > 0;
+  run.rate = rate;
+  const pcm = heard.length > 0;
   $("download-wav").disabled = !pcm;
   $("download-format").disabled = !run.text;
   $("download-json").disabled = $("download-vtt").disabled = run.words.length === 0;
@@ -371,6 +373,7 @@ class WhepSession {
     this.pc.addTransceiver("audio", { direction: "recvonly" });
     this.channel = this.pc.createDataChannel("tts");
     this.playoutDelayMs = null;  // until the player has played out audio
+    this.recorder = new TrackRecorder();  // what the track plays, for the WAV download and the history
     this.channel.onmessage = (message) => {
       const event = JSON.parse(message.data);
       stats.events.push(event);
@@ -391,6 +394,8 @@ class WhepSession {
       const stream = event.streams[0] || new MediaStream([event.track]);
       $("player").srcObject = stream;  // Chrome only feeds remote audio to WebAudio while an element plays it
       audio().createMediaStreamSource(stream).connect(analyser());
+      this.recording = this.recorder.attach(stream)
+        .catch((error) => console.warn("no recording of the WebRTC track:", error));
     };
     await this.pc.setLocalDescription(await this.pc.createOffer());
     await new Promise((resolve) => {
@@ -456,6 +461,7 @@ class WhepSession {
     this.requestId = `page-${++whepRequests}`;
     this.speaking = true;
     this.stopPressed = false;
+    this.recorder.start();
     this.channel.send(JSON.stringify({ type: "tts_request", text: values.text, speaker_id: values.voice,
                                        request_id: this.requestId, speed: values.speed, seed: values.seed }));
     this.watchFirstAudio();
@@ -483,6 +489,7 @@ async function speakWebRtc(values) {
     setState("connecting (WHEP)…");
     const session = new WhepSession();
     await session.connect(values.voice);  // each request names its voice: one session serves them all
+    await session.recording;  // the recorder is running before the first text goes out
     whep = session;
   }
   whep.speak(values);

@@ -1,5 +1,6 @@
 // The page's audio: one AudioContext and level analyser, a gap-free player for raw int16 PCM that keeps what it
-// played (for the WAV download, the waveform and the history), and WAV encoding.
+// played (for the WAV download, the waveform and the history), a recorder of what a WebRTC track played, and WAV
+// encoding.
 
 let context = null;
 let analyserNode = null;
@@ -105,6 +106,52 @@ export class PcmPlayer {
     this.carry = null;
   }
 }
+
+/** What a media stream (a WebRTC track) plays, recorded between `start` and `stop` by an AudioWorklet
+ * (`recorder.js`), so that the WAV download has the audio heard on that transport too. */
+export class TrackRecorder {
+  constructor() { this.node = null; this.blocks = []; this.recording = false; }
+
+  async attach(stream) {
+    const ctx = audio();
+    await ctx.audioWorklet.addModule(new URL("./recorder.js", import.meta.url));
+    this.node = new AudioWorkletNode(ctx, "rtvoice-recorder");
+    this.node.port.onmessage = (message) => this.blocks.push(message.data);
+    if (this.recording) this.node.port.postMessage("start");
+    ctx.createMediaStreamSource(stream).connect(this.node);
+    this.node.connect(ctx.destination);  // a node is only run while it reaches the output; it writes silence
+  }
+
+  start() {
+    this.blocks = [];
+    this.recording = true;
+    if (this.node) this.node.port.postMessage("start");
+  }
+
+  /** The samples recorded since `start`, as int16 at the context's rate, without the silence before the first
+   * sound and after the last (the track carries silence between utterances). */
+  stop() {
+    this.recording = false;
+    if (this.node) this.node.port.postMessage("stop");
+    const total = this.blocks.reduce((n, b) => n + b.length, 0);
+    const all = new Float32Array(total);
+    let offset = 0;
+    for (const block of this.blocks) { all.set(block, offset); offset += block.length; }
+    this.blocks = [];
+    const audible = (s) => Math.abs(s) > SILENCE_LEVEL;
+    const first = all.findIndex(audible);
+    if (first < 0) return new Int16Array(0);
+    let last = all.length - 1;
+    while (!audible(all[last])) last--;
+    const out = new Int16Array(last + 1 - first);
+    for (let i = 0; i < out.length; i++) out[i] = Math.max(-32768, Math.min(32767, Math.round(all[first + i] * 32768)));
+    return out;
+  }
+
+  get rate() { return context ? context.sampleRate : null; }
+}
+
+const SILENCE_LEVEL = 1e-3;  // -60 dBFS: below any speech, above what Opus decodes settled silence to
 
 /** A mono 16-bit WAV file of `samples` at `rate`. */
 export function wavBlob(samples, rate) {
