@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -13,7 +15,7 @@ import onnxruntime
 import pytest
 
 from rtvoice.engine.models.base import SynthesisOptions
-from rtvoice.engine.models.piper import context, graph
+from rtvoice.engine.models.piper import context, graph, measure
 from rtvoice.engine.models.piper.measure import SentenceStages
 from rtvoice.engine.models.piper.voice import PiperVoice
 from rtvoice.engine.voices import embedded_voice_path
@@ -143,31 +145,51 @@ def test_measured_contexts_are_kept_for_the_same_weights_and_measure(tmp_path: P
     and a directory that cannot be written still gives the measure."""
     measured: list[int] = []
 
-    def measure() -> tuple[int, int]:
+    def measured_now() -> list[int]:
         measured.append(1)
-        return 27, 10
+        return [27, 10]
 
     key = {"weights_sha256": "ab" * 32, "version": context.MEASURE_VERSION}
-    assert context.remembered(tmp_path, key, measure) == (27, 10) and len(measured) == 1
-    assert context.remembered(tmp_path, key, measure) == (27, 10) and len(measured) == 1
-    assert context.remembered(tmp_path, {**key, "version": key["version"] + 1}, measure) == (27, 10)
+    assert measure.remembered(tmp_path, key, measured_now) == [27, 10] and len(measured) == 1
+    assert measure.remembered(tmp_path, key, measured_now) == [27, 10] and len(measured) == 1
+    assert measure.remembered(tmp_path, {**key, "version": key["version"] + 1}, measured_now) == [27, 10]
     assert len(measured) == 2
     for kept in tmp_path.glob("*.json"):
         kept.write_text("{not json")
-    assert context.remembered(tmp_path, key, measure) == (27, 10) and len(measured) == 3
-    assert context.remembered(None, key, measure) == (27, 10) and len(measured) == 4
+    assert measure.remembered(tmp_path, key, measured_now) == [27, 10] and len(measured) == 3
+    assert measure.remembered(None, key, measured_now) == [27, 10] and len(measured) == 4
     blocked = tmp_path / "a-file"
     blocked.write_text("")
-    assert context.remembered(blocked, key, measure) == (27, 10) and len(measured) == 5
+    assert measure.remembered(blocked, key, measured_now) == [27, 10] and len(measured) == 5
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_a_voice_keeps_the_contexts_it_measured(piper_voice: PiperVoice, piper_measured_dir: Path) -> None:
-    """A voice loaded with a directory for them (the fixture's, empty before it) keeps what it measured there, under
-    its weights' digest (reading them back is ``context.remembered``'s, tested above)."""
-    (kept,) = [json.loads(path.read_text()) for path in piper_measured_dir.glob("*.json")]
-    assert kept["key"]["weights_sha256"] == hashlib.sha256(embedded_voice_path().read_bytes()).hexdigest()
-    assert (kept["flow"], kept["decoder"]) == (piper_voice.flow_context, piper_voice.decoder_context)
+def kept_measures(directory: Path) -> dict[str | None, dict[str, Any]]:
+    """What ``measure.remembered`` keeps in ``directory``, by what each is (None: the context frames)."""
+    files = [json.loads(path.read_text()) for path in directory.glob("*.json")]
+    return {kept["key"].get("what"): kept for kept in files}
+
+
+def test_a_voice_keeps_what_it_measured_and_a_restart_reads_it_back(
+    piper_voice: PiperVoice, piper_measured_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A voice loaded with a directory for them (the fixture's, empty before it) keeps what it measured there: its
+    contexts under its weights' digest, its decoder's layout under the machine's processor and cores too (reading
+    them back is ``measure.remembered``'s, tested above). Loaded again, it reads them instead of timing them."""
+    kept = kept_measures(piper_measured_dir)
+    weights = hashlib.sha256(embedded_voice_path().read_bytes()).hexdigest()
+    assert kept[None]["key"]["weights_sha256"] == weights
+    assert kept[None]["value"] == [piper_voice.flow_context, piper_voice.decoder_context]
+    layout_key = kept["decoder layout"]["key"]
+    assert layout_key["weights_sha256"] == weights and layout_key["processor"] and layout_key["cores"] >= 1
+    assert kept["decoder layout"]["value"] in ("2-D", "as exported")
+    with caplog.at_level(logging.INFO, logger="rtvoice.engine.models.piper.measure"):
+        again = PiperVoice(embedded_voice_path(), measured_dir=piper_measured_dir, wide_threads=2)
+    read_back = [r.getMessage() for r in caplog.records if "as measured before" in r.getMessage()]
+    assert len(read_back) == 2 and not [r for r in caplog.records if "ms as exported" in r.getMessage()], read_back
+    assert (again.flow_context, again.decoder_context) == (piper_voice.flow_context, piper_voice.decoder_context)
+    # The first calls on both cores were timed now, and kept: the kinds the voice runs wide.
+    assert sorted(kept_measures(piper_measured_dir)["first calls on every core"]["value"]) == sorted(again.wide_kinds())
 
 
 def test_chunked_decode_equals_whole_decode(piper_voice: PiperVoice) -> None:

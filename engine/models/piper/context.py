@@ -14,14 +14,8 @@ judged by its latent alone falls short of what the listener gets (figures: ``doc
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import logging
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -90,28 +84,3 @@ def least_context(
     while matching > 0 and matches(trial := max(0, matching - step)):
         matching, step = trial, 2 * step
     return 0 if matching == 0 else smallest(trial, matching, matches)
-
-
-def remembered(directory: Path | None, key: dict[str, Any], measure: Callable[[], tuple[int, int]]) -> tuple[int, int]:
-    """``measure()``, or what it gave for the same ``key`` before, kept as JSON in ``directory`` (None: keep
-    nothing). The contexts follow from a voice's weights and how they are measured, not from the machine, and
-    measuring takes seconds of every start; a file that cannot be read or written is measured again or left out."""
-    if directory is None:
-        return measure()
-    path = directory / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()}.json"
-    try:
-        kept = json.loads(path.read_text(encoding="utf-8"))
-        if kept["key"] == key:
-            log.info("context frames as measured before (%s): flow %d, decoder %d", path, kept["flow"], kept["decoder"])
-            return int(kept["flow"]), int(kept["decoder"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # not measured yet, or not readable: measure
-    flow, decoder = measure()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False, encoding="utf-8") as file:
-            json.dump({"key": key, "flow": flow, "decoder": decoder}, file)
-        os.replace(file.name, path)  # whole or not at all, for a server starting beside this one
-    except OSError as error:
-        log.warning("could not keep the measured contexts in %s: %s", directory, error)
-    return flow, decoder

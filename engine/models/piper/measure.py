@@ -3,7 +3,8 @@ its decoder's two layouts (``layout.py``), and the stages whose calls before a s
 every core.
 
 The contexts follow from the weights, the other two from the machine as well, so none can be a constant; the voice
-calls these while it loads, when nothing else runs to skew the timings.
+calls these while it loads, when nothing else runs to skew the timings. Each is kept (``remembered``) under what it
+follows from, the machine's processor and cores included for the two timings, so a restart reads it back.
 """
 
 from __future__ import annotations
@@ -11,17 +12,22 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib.metadata
+import json
 import logging
 import math
+import os
+import platform
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime
 
+from rtvoice.engine.durable import write_atomically
 from rtvoice.engine.models.base import StepBudget, StepPayload, SynthesisOptions, VoiceSession
 from rtvoice.engine.models.piper import context, graph, layout
 from rtvoice.engine.models.piper.steps import EncodedSegment, EncodeJob
@@ -61,6 +67,55 @@ def contexts_key(model_bytes: bytes, config_bytes: bytes, chunk_frames: int) -> 
         "onnxruntime": onnxruntime.__version__,
         "piper_tts": importlib.metadata.version("piper-tts"),
     }
+
+
+def timings_key(weights_sha256: str, what: str, threads: int, **more: Any) -> dict[str, Any]:
+    """What a timed choice (``what``) follows from: the weights, onnxruntime, the machine's processor and the cores
+    this process may use, and the threads the timed sessions run on."""
+    return {
+        "weights_sha256": weights_sha256,
+        "what": what,
+        "onnxruntime": onnxruntime.__version__,
+        "processor": _processor(),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "threads": threads,
+        **more,
+    }
+
+
+def _processor() -> str:
+    """The processor's model name (Linux's ``/proc/cpuinfo``), else what the platform says of it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def remembered(directory: Path | None, key: dict[str, Any], measure: Callable[[], Any]) -> Any:
+    """``measure()`` (a JSON value), or what it gave for the same ``key`` before, kept in ``directory`` (None: keep
+    nothing): measuring takes seconds of every start. A file that cannot be read or written is measured again or
+    left out."""
+    if directory is None:
+        return measure()
+    path = directory / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()}.json"
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+        if kept["key"] == key:
+            log.info("%s as measured before (%s): %s", key.get("what", "context frames"), path, kept["value"])
+            return kept["value"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not measured yet, or not readable: measure
+    value = measure()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, json.dumps({"key": key, "value": value}).encode())  # for a server starting beside
+    except OSError as error:
+        log.warning("could not keep what was measured in %s: %s", directory, error)
+    return value
 
 
 def least_contexts(
@@ -119,35 +174,55 @@ def fastest_decoder(
     chunk_size: int,
     options: onnxruntime.SessionOptions,
     providers: list[str],
+    kept: Callable[[dict[str, Any], Callable[[], Any]], Any] = lambda key, measure: measure(),
+    weights_sha256: str = "",
 ) -> tuple[onnxruntime.InferenceSession, bytes]:
     """The decoder as exported, or with its convolutions run as 2-D ones (``layout.py``) when that gives the same
     audio and is faster here, timed on a chunk of ``chunk_size`` frames (the largest the plan makes, context
-    included); with its model."""
+    included); with its model. ``kept`` (``remembered`` in a directory) keeps the choice under its key."""
     rewritten = layout.two_dimensional(graphs.decoder)
     channels = layout.input_channels(graphs.decoder)
     if rewritten is None or channels is None:
         return exported, graphs.decoder.model
-    latent = np.random.default_rng(0).standard_normal((1, channels, chunk_size), dtype=np.float32)
-    feeds = {graphs.latent: latent}
     try:
         candidate = onnxruntime.InferenceSession(rewritten.model, options, providers=providers)
-        comparison = layout.compare(exported, candidate, feeds, repeats=3)
     except Exception as error:  # onnxruntime refused the rewrite: keep the export
         log.warning("voice %s: decoder as exported (2-D form failed: %s)", voice_id, error)
         return exported, graphs.decoder.model
+    key = timings_key(weights_sha256, "decoder layout", options.intra_op_num_threads, chunk_frames=chunk_size)
+    choice = kept(key, lambda: _decoder_layout(voice_id, exported, candidate, graphs.latent, channels, chunk_size))
+    return (candidate, rewritten.model) if choice == "2-D" else (exported, graphs.decoder.model)
+
+
+def _decoder_layout(
+    voice_id: str,
+    exported: onnxruntime.InferenceSession,
+    candidate: onnxruntime.InferenceSession,
+    latent_name: str,
+    channels: int,
+    chunk_size: int,
+) -> str:
+    """``2-D`` when ``candidate`` gives the export's audio and is faster on a chunk of ``chunk_size`` frames, else
+    ``as exported``."""
+    latent = np.random.default_rng(0).standard_normal((1, channels, chunk_size), dtype=np.float32)
+    try:
+        comparison = layout.compare(exported, candidate, {latent_name: latent}, repeats=3)
+    except Exception as error:  # onnxruntime could not run the rewrite: keep the export
+        log.warning("voice %s: decoder as exported (2-D form failed: %s)", voice_id, error)
+        return "as exported"
     if not comparison.difference <= 1e-4:  # written so that a NaN difference fails too
         log.warning("voice %s: decoder as exported (2-D form differs)", voice_id)
-        return exported, graphs.decoder.model
+        return "as exported"
     faster = comparison.two_d_s < comparison.exported_s
     log.info(
         "voice %s: decoder %s (a %d-frame chunk: %.1f ms in 2-D, %.1f ms as exported)",
         voice_id,
         "2-D convolutions" if faster else "as exported",
-        latent.shape[-1],
+        chunk_size,
         comparison.two_d_s * 1e3,
         comparison.exported_s * 1e3,
     )
-    return (candidate, rewritten.model) if faster else (exported, graphs.decoder.model)
+    return "2-D" if faster else "as exported"
 
 
 def faster_wide_sessions(
@@ -159,22 +234,48 @@ def faster_wide_sessions(
     options: onnxruntime.SessionOptions,
     providers: list[str],
     repeats: int = 3,
+    kept: Callable[[dict[str, Any], Callable[[], Any]], Any] = lambda key, measure: measure(),
+    weights_sha256: str = "",
 ) -> dict[type[StepPayload], onnxruntime.InferenceSession]:
     """Sessions with ``options`` (on its ``intra_op_num_threads`` cores) for the stages whose calls before a stream's
     first audio they make sooner than ``sessions`` do, with the same results to the bit, timed here on the warm-up
     text's first calls in a session from ``open_session`` (the scheduler lends every core to a lone stream's first
-    calls: ``run_wide``). ``calls`` run a stage's payloads on a session; ``models`` are the stages' graphs."""
+    calls: ``run_wide``). ``calls`` run a stage's payloads on a session; ``models`` are the stages' graphs; ``kept``
+    (``remembered`` in a directory) keeps which stages, under their key."""
     threads = options.intra_op_num_threads
     if threads <= 1:
         return {}
+    opened: dict[type[StepPayload], onnxruntime.InferenceSession] = {}
+
+    def wide(stage: type[StepPayload]) -> onnxruntime.InferenceSession:
+        if stage not in opened:
+            opened[stage] = onnxruntime.InferenceSession(models[stage], options, providers)
+        return opened[stage]
+
+    digests = sorted(hashlib.sha256(model).hexdigest() for model in models.values())
+    key = timings_key(weights_sha256, "first calls on every core", threads, models=digests)
+    kinds = kept(key, lambda: _faster_wide(voice_id, open_session, calls, sessions, wide, threads, repeats))
+    return {stage: wide(stage) for stage in sessions if stage.kind in kinds}
+
+
+def _faster_wide(
+    voice_id: str,
+    open_session: Callable[[SynthesisOptions], VoiceSession],
+    calls: dict[type[StepPayload], StageCall],
+    sessions: dict[type[StepPayload], onnxruntime.InferenceSession],
+    wide_session: Callable[[type[StepPayload]], onnxruntime.InferenceSession],
+    threads: int,
+    repeats: int,
+) -> list[str]:
+    """The kinds of the stages whose first calls ``wide_session`` makes sooner than ``sessions``, to the bit."""
     session = open_session(SynthesisOptions(seed=0))
     session.add_segment(MEASURING_TEXT)
     first_audio = StepBudget(call_s=0.0, due_s=None, cost=lambda kind, size: math.inf)
-    faster: dict[type[StepPayload], onnxruntime.InferenceSession] = {}
+    faster: list[str] = []
     audio = None
     while audio is None and (step := session.plan_step(first_audio)) is not None:
         stage = type(step.payload)
-        narrow, wide = sessions[stage], onnxruntime.InferenceSession(models[stage], options, providers)
+        narrow, wide = sessions[stage], wide_session(stage)
         run = calls[stage]
         result = run([_again(step.payload)], narrow)[0]
         narrow_s = wide_s = math.inf
@@ -192,7 +293,7 @@ def faster_wide_sessions(
             "" if same else " (results differ: not used)",
         )
         if same and wide_s < narrow_s:
-            faster[stage] = wide
+            faster.append(step.kind)
         audio = session.complete(step, result)
     return faster
 

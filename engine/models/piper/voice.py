@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from rtvoice.engine.models.base import (
     Voice,
     VoiceInfo,
 )
-from rtvoice.engine.models.piper import alignment, context, graph, layout, measure
+from rtvoice.engine.models.piper import alignment, graph, layout, measure
 from rtvoice.engine.models.piper import int8 as int8_parts
 from rtvoice.engine.models.piper.int8 import Int8Mode
 from rtvoice.engine.models.piper.measure import MEASURING_TEXT, SentenceStages
@@ -115,7 +115,7 @@ class PiperVoice(Voice):
         key = measure.contexts_key(model_bytes, config_bytes, chunk_frames)
         del model_bytes
         self.options, self.providers = options, providers
-        self.flow_context, self.decoder_context = context.remembered(
+        flow_context, decoder_context = measure.remembered(
             measured_dir,
             key,
             lambda: measure.least_contexts(
@@ -128,6 +128,11 @@ class PiperVoice(Voice):
                 max(1, wide_threads),
             ),
         )
+        self.flow_context, self.decoder_context = int(flow_context), int(decoder_context)
+
+        def kept(key: dict[str, Any], measured: Callable[[], Any]) -> Any:
+            return measure.remembered(measured_dir, key, measured)
+
         self.geometry = Geometry.of(plan, frame_ms, self.flow_context, self.decoder_context)
         self.planner = Planner(self.geometry)
         self.decoder, decoder_model = measure.fastest_decoder(
@@ -137,6 +142,8 @@ class PiperVoice(Voice):
             self.planner.chunk_size(self.geometry.max_chunk),
             options,
             providers,
+            kept,
+            key["weights_sha256"],
         )
         # The int8 decoder is built on the 2-D form wherever there is one (faster in int8 here: docs/decisions.md),
         # not on the form timed faster at this load, so a kept build does not depend on a timing.
@@ -174,6 +181,8 @@ class PiperVoice(Voice):
             },
             _session_options(wide_threads),
             providers,
+            kept=kept,
+            weights_sha256=key["weights_sha256"],
         )
         self.frames_per_char: float | None = None
         """Frames of speech per character of text, from the warm-up sentence (for the encoder's share of cost)."""
