@@ -80,6 +80,13 @@ def heard(samples: np.ndarray, rate: int = RATE) -> list[str]:
     return transcribe(to_aligner(samples, rate))
 
 
+def assert_heard_without_markup(samples: np.ndarray, some_words: set[str], rate: int = RATE) -> None:
+    """The recogniser hears none of the markup's words, and some of the speech's (so that it heard anything)."""
+    words = set(heard(samples, rate))
+    assert not words & MARKUP_WORDS, words
+    assert words & some_words, words
+
+
 # -- OpenAI's route: audio ----------------------------------------------------------------------------------------
 
 BREAK_DOC = '<speak>The first part is done.<break time="1200ms"/>The second part starts now.</speak>'
@@ -99,15 +106,19 @@ def test_a_break_at_the_start_is_kept_and_speed_does_not_shorten_it(server: Serv
     audio = pcm(server, '<speak><break time="1s"/>Then the speech.</speak>', speed=2.0)
     loud = np.flatnonzero(frames_rms(audio) >= QUIET)
     assert 1.0 <= loud[0] * FRAME_S <= 1.4  # the break, then the voice's own short lead-in
+    assert_heard_without_markup(audio, {"then", "speech"})
 
 
 def test_prosody_rate_changes_the_speech_length(server: Server) -> None:
     sentence = "The quick brown fox jumps over the lazy dog near the river bank."
     normal = speech_s(pcm(server, sentence))
-    slow = speech_s(pcm(server, f'<speak><prosody rate="slow">{sentence}</prosody></speak>'))
-    fast = speech_s(pcm(server, f'<speak><prosody rate="150%">{sentence}</prosody></speak>'))
+    slow_audio = pcm(server, f'<speak><prosody rate="slow">{sentence}</prosody></speak>')
+    fast_audio = pcm(server, f'<speak><prosody rate="150%">{sentence}</prosody></speak>')
+    slow, fast = speech_s(slow_audio), speech_s(fast_audio)
     assert slow >= 1.15 * normal, (slow, normal)
     assert 0.55 * normal <= fast <= 0.8 * normal, (fast, normal)
+    for audio in (slow_audio, fast_audio):
+        assert_heard_without_markup(audio, {"quick", "brown", "fox", "lazy", "dog", "river"})
 
 
 def test_prosody_volume_is_a_gain(server: Server) -> None:
@@ -149,6 +160,8 @@ def test_an_alias_is_what_word_timings_report_and_a_mark_falls_inside_its_word(s
         len(base64.b64decode(e["audio"])) for e in events[:position] if e["type"] == "speech.audio.delta"
     )
     assert audio_before / 2 / RATE <= mark["start_s"] + 0.02
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    assert_heard_without_markup(np.frombuffer(audio, dtype="<i2"), {"world", "wide", "web", "listen", "carefully"})
 
 
 # -- pronunciations -----------------------------------------------------------------------------------------------
