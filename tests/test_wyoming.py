@@ -241,6 +241,29 @@ def test_synthesize_answers_audio_at_the_voices_rate(wyoming: Wyoming) -> None:
     assert stop.timestamp == pytest.approx(len(pcm) * 1000 / EMBEDDED_VOICE_RATE, abs=2)
 
 
+def test_ssml_is_read_as_markup_whole_and_streamed(wyoming: Wyoming) -> None:
+    """Wyoming has no field for the text's type, so ``<speak`` makes it SSML, as on every transport: a one-second
+    break is silence in the audio, whole and sent in Home Assistant's chunks."""
+    document = '<speak>The first part.<break time="1s"/>The second part.</speak>'
+
+    async def main() -> tuple[Answer, Answer]:
+        async with wyoming.client() as client:
+            await client.write_event(Synthesize(text=document).event())
+            whole = await answer(client, ("audio-stop",))
+            streamed, _, _ = await stream_like_home_assistant(client, document)  # the tag split across chunks
+            return whole, streamed
+
+    for got in run(main()):
+        pcm = got.pcm()
+        frame = EMBEDDED_VOICE_RATE // 50
+        quiet = np.sqrt(np.mean((pcm[: len(pcm) // frame * frame].reshape(-1, frame) / 32767.0) ** 2, axis=1)) < 0.003
+        longest, run_length = 0, 0
+        for is_quiet in quiet:
+            run_length = run_length + 1 if is_quiet else 0
+            longest = max(longest, run_length)
+        assert 0.9 <= longest / 50 <= 1.5, longest / 50
+
+
 def test_voice_may_be_missing_named_or_a_language(wyoming: Wyoming) -> None:
     voices = [
         None,
