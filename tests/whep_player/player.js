@@ -4,6 +4,8 @@
 //   await whepTest.connect({server, datachannel, playAtSpeak}) -> the WHEP session is up (and the "tts" DataChannel)
 //   await whepTest.speak({via: "speak" | "datachannel", text}) -> sends the text; returns once it is audible
 //   await whepTest.waitQuiet(), whepTest.heard(), whepTest.stats() -> the end of the utterance, what was heard, getStats
+//   whepTest.record(), await whepTest.recorded() -> what the page rendered in between: {rate, pcm (base64 int16 LE)}
+//   whepTest.negotiated() -> whether the answer has RED and Opus in-band FEC
 // The track plays in an <audio> element, as a player's would. Speech is audible when a WebAudio render quantum of the
 // received track rises above -40 dBFS RMS (an AudioWorklet, onset.js). playAtSpeak starts playback only with the
 // first text, like a player whose user presses play: whatever the browser received before then waits in its
@@ -16,11 +18,13 @@ const STATS_FIELDS = [
   "jitterBufferMinimumDelay", "jitterBufferEmittedCount", "totalSamplesReceived", "concealedSamples",
   "silentConcealedSamples", "concealmentEvents", "insertedSamplesForDeceleration", "removedSamplesForAcceleration",
   "totalAudioEnergy", "totalSamplesDuration", "audioLevel", "lastPacketReceivedTimestamp",
+  "fecPacketsReceived", "fecPacketsDiscarded", "packetsDiscarded",
 ];
 
 const state = {
   pc: null, client: null, channel: null, events: [], errors: [], context: null, onset: null,
-  armedAt: null, onsetAt: null, resolveOnset: null, resolveReport: null, pendingStream: null, connectedAt: null,
+  armedAt: null, onsetAt: null, resolveOnset: null, resolveReport: null, resolveRecording: null, pendingStream: null,
+  connectedAt: null,
 };
 
 function contextToPerformance(contextTime) {
@@ -51,6 +55,8 @@ async function listen(stream) {
       if (state.resolveOnset) state.resolveOnset();
     } else if (message.data.type === "report" && state.resolveReport) {
       state.resolveReport(message.data);
+    } else if (message.data.type === "recorded" && state.resolveRecording) {
+      state.resolveRecording(message.data.samples);
     }
   };
   state.context.createMediaStreamSource(stream).connect(state.onset);
@@ -69,12 +75,17 @@ function until(predicate, timeoutMs, what) {
   });
 }
 
-async function connect({ server, datachannel = true, voice = null, token = null, playAtSpeak = false }) {
+// jitterBufferTargetMs: ask the receiver for that much jitter buffer (RTCRtpReceiver.jitterBufferTarget), as a
+// player on a link with jitter would get; none: the browser's own choice.
+async function connect({
+  server, datachannel = true, voice = null, token = null, playAtSpeak = false, jitterBufferTargetMs = null,
+}) {
   const pc = new RTCPeerConnection();
   state.pc = pc;
   pc.addTransceiver("audio", { direction: "recvonly" });
   let listening = null;
   pc.ontrack = (event) => {
+    if (jitterBufferTargetMs !== null) event.receiver.jitterBufferTarget = jitterBufferTargetMs;
     const stream = event.streams[0] || new MediaStream([event.track]);
     if (playAtSpeak) { state.pendingStream = stream; listening = Promise.resolve(); }
     else listening = listen(stream);
@@ -99,7 +110,7 @@ async function connect({ server, datachannel = true, voice = null, token = null,
   return { resource: state.client.resourceURL.toString(), origin: location.origin };
 }
 
-async function speak({ via, text, requestId = null, timeoutMs = 20000 }) {
+async function speak({ via, text, requestId = null, seed = null, timeoutMs = 20000 }) {
   if (state.pendingStream) { await listen(state.pendingStream); state.pendingStream = null; }
   state.onsetAt = null;
   const before = await inboundAudio();
@@ -111,11 +122,11 @@ async function speak({ via, text, requestId = null, timeoutMs = 20000 }) {
   if (via === "speak") {
     const reply = await fetch(new URL("speak", state.client.resourceURL.toString() + "/"), {
       method: "POST", headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ text, request_id: requestId }),
+      body: JSON.stringify({ text, request_id: requestId, seed }),
     });
     response = { status: reply.status, body: await reply.json(), answeredMs: performance.now() - sentAt };
   } else {
-    state.channel.send(JSON.stringify({ type: "tts_request", text, request_id: requestId }));
+    state.channel.send(JSON.stringify({ type: "tts_request", text, request_id: requestId, seed }));
   }
   const timeout = new Promise((resolve) => setTimeout(resolve, timeoutMs));
   await Promise.race([onset, timeout]);
@@ -149,10 +160,35 @@ function heard() {
   return report;
 }
 
+function record() {
+  state.onset.port.postMessage({ type: "record" });
+}
+
+// What the worklet rendered since record(), as 16-bit PCM in base64 (one string crosses to Playwright cheaply).
+async function recorded() {
+  const samples = await new Promise((resolve) => {
+    state.resolveRecording = resolve;
+    state.onset.port.postMessage({ type: "stop" });
+  });
+  const pcm = new Int16Array(samples.length);
+  for (let i = 0; i < samples.length; i++) pcm[i] = Math.max(-32768, Math.min(32767, Math.round(samples[i] * 32767)));
+  const bytes = new Uint8Array(pcm.buffer);
+  let binary = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return { rate: state.context.sampleRate, pcm: btoa(binary) };
+}
+
+function negotiated() {
+  const sdp = state.pc?.remoteDescription?.sdp || "";
+  return { red: /a=rtpmap:\d+ red\/48000\/2/i.test(sdp), fec: /useinbandfec=1/.test(sdp) };
+}
+
 async function close() {
   if (state.client) await state.client.stop().catch(() => {});
   if (state.context) await state.context.close();
 }
 
-window.whepTest = { connect, speak, waitQuiet, heard, stats: inboundAudio, close, state };
+window.whepTest = {
+  connect, speak, waitQuiet, heard, stats: inboundAudio, record, recorded, negotiated, close, state,
+};
 window.whepTestReady = true;
