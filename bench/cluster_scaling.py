@@ -30,11 +30,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from bench.load import Row, Target, print_rows, run_row
 from testkit.cluster import LocalCluster, start_cluster
+from testkit.servers import metric
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -68,12 +66,7 @@ def haproxy_pids(cluster: LocalCluster) -> list[int]:
 
 def late_chunks(cluster: LocalCluster) -> float:
     """Chunks the replicas themselves counted late (``rtvoice_late_chunks_total``, summed over replicas)."""
-    total = 0.0
-    for k in range(1, cluster.replicas + 1):
-        text = httpx.get(f"{cluster.replica_url(k)}/metrics", timeout=10).text
-        for family in text_string_to_metric_families(text):
-            total += sum(sample.value for sample in family.samples if sample.name == "rtvoice_late_chunks_total")
-    return total
+    return sum(metric(cluster.replica_url(k), "rtvoice_late_chunks_total") for k in range(1, cluster.replicas + 1))
 
 
 def passes(row: Row, late: float, ttfa_bound_s: float) -> bool:

@@ -47,7 +47,7 @@ import numpy as np
 
 from bench.whep_listeners import percentile
 from testkit.browser import launch_chromium, serve_whep_player
-from testkit.servers import Server, start_rtvoice
+from testkit.servers import Server, metric, start_rtvoice
 
 TEXT = "Hello! How can I help you today?"
 LOAD_TEXT = (
@@ -67,18 +67,11 @@ SCENARIOS = {
 
 def first_frame_metric(url: str, source: str) -> tuple[float, float]:
     """(sum, count) of rtvoice_whep_first_frame_seconds for ``source``."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    total = count = 0.0
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
-        for sample in family.samples:
-            if sample.labels.get("source") != source:
-                continue
-            if sample.name == "rtvoice_whep_first_frame_seconds_sum":
-                total += sample.value
-            elif sample.name == "rtvoice_whep_first_frame_seconds_count":
-                count += sample.value
-    return total, count
+    labels = {"source": source}
+    return (
+        metric(url, "rtvoice_whep_first_frame_seconds_sum", labels),
+        metric(url, "rtvoice_whep_first_frame_seconds_count", labels),
+    )
 
 
 def voice_onset_ms(url: str, text: str) -> float:

@@ -35,7 +35,7 @@ from itertools import pairwise
 
 import httpx
 
-from testkit.servers import Server, start_rtvoice
+from testkit.servers import Server, metric, start_rtvoice
 from testkit.whep_client import WhepPlayer
 
 PARAGRAPH = (
@@ -95,15 +95,8 @@ class Level:
 
 
 def server_metrics(url: str) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    wanted = {"rtvoice_whep_underrun_seconds_total", "rtvoice_whep_late_frames_total", "rtvoice_stall_seconds_total"}
-    values = dict.fromkeys(wanted, 0.0)
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
-        for sample in family.samples:
-            if sample.name in wanted:
-                values[sample.name] += sample.value
-    return values
+    wanted = ("rtvoice_whep_underrun_seconds_total", "rtvoice_whep_late_frames_total", "rtvoice_stall_seconds_total")
+    return {name: metric(url, name) for name in wanted}
 
 
 def arrival_gaps(player: WhepPlayer, start: float, end: float) -> int:

@@ -28,23 +28,11 @@ class Server:
 
     def samples(self, name: str) -> list[tuple[dict[str, str], float]]:
         """Each sample of ``name`` in /metrics: its labels and value."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = httpx.get(f"{self.url}/metrics").text
-        return [
-            (sample.labels, sample.value)
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == name
-        ]
+        return samples(self.url, name)
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
         """The sum of the samples of ``name`` in /metrics that carry ``labels`` (0 when absent)."""
-        return sum(
-            value
-            for sample_labels, value in self.samples(name)
-            if all(sample_labels.get(k) == v for k, v in (labels or {}).items())
-        )
+        return metric(self.url, name, labels)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -52,6 +40,29 @@ class Server:
             self.process.wait(timeout=15)
         except subprocess.TimeoutExpired:
             self.process.kill()
+
+
+def samples(url: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Each sample of ``name`` in the /metrics of the server at ``url``: its labels and value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return [
+        (sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    ]
+
+
+def metric(url: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """The sum of the samples of ``name`` in the /metrics of the server at ``url`` that carry ``labels`` (0 when
+    absent)."""
+    return sum(
+        value
+        for sample_labels, value in samples(url, name)
+        if all(sample_labels.get(k) == v for k, v in (labels or {}).items())
+    )
 
 
 def free_port() -> int:
