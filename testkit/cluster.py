@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from testkit.servers import seed_caches
+
 REPO = Path(__file__).resolve().parent.parent
 LOCAL_CLUSTER = REPO / "deploy" / "local-cluster.sh"
 
@@ -120,21 +122,12 @@ class LocalCluster:
         return (self.state / f"r{k}.log").read_text(errors="replace")
 
 
-CACHES = ("measured", "int8")
-"""What a start keeps in its data directory for the next start of the same weights (context frames, the quantized
-decoder): copied from the default data directory into a cluster's own, so its replicas do not each remake them."""
-
-
 def start_cluster(replicas: int, state: Path, env: dict[str, str] | None = None) -> LocalCluster:
     """``local-cluster.sh up`` on free ports, with ``env`` (RTVOICE_* settings for the replicas) added; the replicas
     share ``state/data`` (seeded with the default data directory's caches)."""
     require_tool("haproxy", "haproxy")
-    from rtvoice.app.settings import Settings
-
     data = state / "data"
-    for cache in CACHES:
-        if (Settings().data_dir / cache).is_dir():
-            shutil.copytree(Settings().data_dir / cache, data / cache, dirs_exist_ok=True)
+    seed_caches(data)
     port = free_port_range(2 * replicas + 2)
     full_env = {
         **os.environ,

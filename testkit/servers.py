@@ -65,6 +65,23 @@ def metric(url: str, name: str, labels: dict[str, str] | None = None) -> float:
     )
 
 
+CACHES = ("measured", "int8")
+"""What a start keeps in its data directory for the next start of the same weights (context frames and timed
+choices, the quantized decoder)."""
+
+
+def seed_caches(data_dir: Path) -> None:
+    """Copy the default data directory's caches into ``data_dir``, so that a server started on it (a cluster's
+    replicas, a test's own data) does not remake them."""
+    import shutil
+
+    from rtvoice.app.settings import Settings
+
+    for cache in CACHES:
+        if (Settings().data_dir / cache).is_dir():
+            shutil.copytree(Settings().data_dir / cache, data_dir / cache, dirs_exist_ok=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

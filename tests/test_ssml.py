@@ -11,8 +11,9 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +24,7 @@ import websockets
 
 from rtvoice.engine.arpabet import arpabet_to_ipa
 from testkit.alignment import ALIGNER_RATE, heard_as, transcribe
+from testkit.servers import seed_caches
 from testkit.whep_client import WhepPlayer
 from tests.audio import parse_wav, rms, same_speech
 from tests.conftest import Server
@@ -222,6 +224,29 @@ def test_a_lexicon_changes_the_phonemes_the_voice_gets(server: Server) -> None:
     finally:
         assert httpx.delete(f"{server.url}/v1/lexicons/{lexicon['id']}").status_code == 204
     assert httpx.get(f"{server.url}/v1/lexicons/{lexicon['id']}").status_code == 404
+
+
+def test_an_uploaded_lexicon_survives_a_restart(start_server: Callable[..., Server], tmp_path: Path) -> None:
+    """Uploads are kept in the data directory: a server started again on it knows the lexicon by its id and reads
+    the text with it as before."""
+    data = tmp_path / "data"
+    seed_caches(data)  # what the voice measured at other starts: not again
+    first = start_server(data_dir=str(data), warmup="false")
+    created = httpx.post(
+        f"{first.url}/v1/lexicons?name=potato",
+        content=pls(f"<lexeme><grapheme>tomato</grapheme><phoneme>{POTATO_IPA}</phoneme></lexeme>"),
+        headers={"Content-Type": "application/pls+xml"},
+    )
+    assert created.status_code == 201, created.text
+    lexicon_id = created.json()["id"]
+    text = "I like tomato soup."
+    before = pcm(first, text, lexicons=[lexicon_id])
+    first.stop()
+    second = start_server(data_dir=str(data), warmup="false")
+    kept = httpx.get(f"{second.url}/v1/lexicons/{lexicon_id}")
+    assert kept.status_code == 200 and kept.json()["source"] == "uploaded", kept.text
+    after = pcm(second, text, lexicons=[lexicon_id])
+    assert same_speech(after, before) and not same_speech(after, pcm(second, text))
 
 
 def test_input_type_and_lexicons_on_piper_cartesia_bytes_and_cosyvoice_forms(server: Server) -> None:
