@@ -345,19 +345,19 @@ def test_adaptation_steps_down_under_loss_and_back_up(server: Server) -> None:
             assert status["bit_rate"] == HEAVY.bit_rate and status["fec_loss_percent"] == HEAVY.packet_loss_percent
             assert status["fec"] and status["red"] == {"negotiated": True, "active": True}
             assert status["last_report"]["fraction_lost"] > 0.05
-            # RED reaches the player: each packet's redundant block is the packet before it.
+            # RED reaches the player: each packet's redundant block is the packet sent before it, one frame earlier
+            # (more after a stall, when the track skips RTP time rather than send a burst), and says how much earlier.
             await player.wait_for_media_until(player.frames[-1].at + 0.3)
-            sent_red = [p for p in player.rtp[heavy_at:] if p.payload_type == RED_PAYLOAD_TYPE]
+            sent_red = [i for i in range(heavy_at, len(player.rtp)) if player.rtp[i].payload_type == RED_PAYLOAD_TYPE]
             assert len(sent_red) >= 10
-            by_timestamp = {p.timestamp: p for p in player.rtp}
-            for packet in sent_red[-10:]:
+            for index in sent_red[-10:]:
+                packet, before = player.rtp[index], player.rtp[index - 1]
                 primary_type, primary, blocks = red_blocks(packet.payload)
-                assert primary and [b[:2] for b in blocks] == [(primary_type, FRAME)]
-                before = by_timestamp.get(packet.timestamp - FRAME)
-                if before is not None:
-                    assert blocks[0][2] == (
-                        red_blocks(before.payload)[1] if before.payload_type == RED_PAYLOAD_TYPE else before.payload
-                    )
+                offset = (packet.timestamp - before.timestamp) & 0xFFFFFFFF
+                assert primary and [b[:2] for b in blocks] == [(primary_type, offset)] and offset % FRAME == 0
+                assert blocks[0][2] == (
+                    red_blocks(before.payload)[1] if before.payload_type == RED_PAYLOAD_TYPE else before.payload
+                )
 
             lossy["on"] = False
             clean_at = len(player.rtp)
