@@ -31,10 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.load import Row, Target, print_rows, run_row
+from bench.whep_listeners import process_cpu_s
 from testkit.cluster import LocalCluster, start_cluster
 from testkit.servers import metric
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -48,13 +47,6 @@ class Capacity:
     """CPU seconds this process took per wall second of the rows."""
     haproxy_cpu: float
     """CPU seconds HAProxy's processes took per wall second of the rows."""
-
-
-def process_cpu_s(pid: int) -> float:
-    """User and system CPU seconds of ``pid`` and its waited-for children, from /proc (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    utime, stime, cutime, cstime = (int(value) for value in fields[11:15])
-    return (utime + stime + cutime + cstime) / CLOCK_TICKS
 
 
 def haproxy_pids(cluster: LocalCluster) -> list[int]:
@@ -94,12 +86,15 @@ def measure(
             wall = own_cpu = proxy_cpu = 0.0
             while failures < 2:
                 proxies = haproxy_pids(cluster)
-                late_before, proxy_before = late_chunks(cluster), sum(process_cpu_s(pid) for pid in proxies)
+                late_before, proxy_before = (
+                    late_chunks(cluster),
+                    sum(process_cpu_s(pid, waited_children=True) for pid in proxies),
+                )
                 began, own_before = time.perf_counter(), time.process_time()
                 row = asyncio.run(run_row(f"{level} listeners", target, None, level, utterances, join_s))
                 wall += time.perf_counter() - began
                 own_cpu += time.process_time() - own_before
-                proxy_cpu += sum(process_cpu_s(pid) for pid in proxies) - proxy_before
+                proxy_cpu += sum(process_cpu_s(pid, waited_children=True) for pid in proxies) - proxy_before
                 late = late_chunks(cluster) - late_before
                 rows.append(row)
                 print(

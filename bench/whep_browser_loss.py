@@ -55,7 +55,7 @@ import numpy as np
 from bench.normalize_wer import errors, words
 from bench.whep_browser import TEXT, first_frame_metric
 from bench.whep_listeners import percentile, process_cpu_s
-from testkit.alignment import ALIGNER_RATE, transcribe
+from testkit.alignment import to_aligner, transcribe
 from testkit.browser import launch_chromium, serve_whep_player
 from testkit.servers import Server, start_rtvoice
 
@@ -249,10 +249,7 @@ def lossy_link(browser: Any, page_url: str, way: str, loss: float, jitter_target
 
 
 def score(run: Run) -> None:
-    import soxr
-
-    audio = soxr.resample(run.pcm.astype(np.float32) / 32768, run.rate, ALIGNER_RATE)
-    heard = transcribe(np.clip(audio * 32767, -32768, 32767).astype(np.int16))
+    heard = transcribe(to_aligner(run.pcm, run.rate))
     reference = words(PASSAGE)
     run.heard = " ".join(heard)
     run.wer = errors(reference, words(run.heard)) / len(reference)

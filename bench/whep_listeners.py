@@ -48,11 +48,12 @@ UNDERRUN_TOLERANCE = 0.01
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads)."""
+def process_cpu_s(pid: int, waited_children: bool = False) -> float:
+    """User + system CPU seconds of a process (all its threads), from /proc (Linux); with ``waited_children``, those
+    of the children it has waited for too."""
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+        fields = [int(value) for value in f.read().rsplit(")", 1)[1].split()[11:15]]
+    return sum(fields if waited_children else fields[:2]) / CLK_TCK
 
 
 def own_cpu_s() -> float:

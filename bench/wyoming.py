@@ -45,6 +45,7 @@ from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
 from bench.normalize_wer import errors, transcribe, words
+from testkit.alignment import to_aligner
 from testkit.servers import Server, die_with_parent, free_port, start_rtvoice
 
 HOST = "127.0.0.1"
@@ -80,7 +81,6 @@ WER_SENTENCES = [
 PARTS = ("bench", "streaming", "concurrent", "describe", "wer")
 CHUNK_WORDS = 3
 CHUNK_INTERVAL_S = 0.05
-RECOGNISER_RATE = 16_000
 
 
 @dataclass
@@ -347,15 +347,11 @@ def run_describe(targets: list[Target], figures: dict[str, Figures]) -> None:
 
 
 def run_wer(targets: list[Target], figures: dict[str, Figures]) -> None:
-    import soxr
-
     for target in targets:
         wrong = total = 0
         for sentence in WER_SENTENCES:
             _, heard = asyncio.run(plain(target, sentence))
-            pcm = np.frombuffer(heard.pcm, dtype="<i2").astype(np.float32) / 32768
-            resampled = soxr.resample(pcm, heard.rate, RECOGNISER_RATE)
-            hypothesis = transcribe(np.clip(resampled * 32767, -32768, 32767).astype(np.int16))
+            hypothesis = transcribe(to_aligner(np.frombuffer(heard.pcm, dtype="<i2"), heard.rate))
             reference = words(sentence)
             wrong += errors(reference, words(hypothesis))
             total += len(reference)

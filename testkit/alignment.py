@@ -45,6 +45,13 @@ SENTENCES: list[tuple[str, str]] = [
 ]
 
 
+def to_aligner(pcm: np.ndarray, rate: int) -> np.ndarray:
+    """int16 ``pcm`` at ``rate`` resampled (soxr) to the recogniser's 16 kHz."""
+    import soxr
+
+    return soxr.resample(pcm, rate, ALIGNER_RATE).astype(np.int16)
+
+
 def transcribe(pcm: np.ndarray) -> list[str]:
     """The words PocketSphinx's US English model hears in 16 kHz int16 ``pcm`` (a free recogniser: what it hears
     is evidence, its misses are not)."""

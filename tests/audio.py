@@ -64,6 +64,22 @@ def rms(samples: np.ndarray) -> float:
     return float(np.sqrt(np.mean(x**2))) if len(x) else 0.0
 
 
+def frames_rms(samples: np.ndarray, rate: int, frame_s: float = 0.01) -> np.ndarray:
+    """The RMS of each whole ``frame_s`` of int16 ``samples`` at ``rate``."""
+    frame = int(rate * frame_s)
+    usable = samples[: len(samples) // frame * frame].astype(np.float64)
+    return np.sqrt(np.mean(usable.reshape(-1, frame) ** 2, axis=1))
+
+
+def longest_silence_s(samples: np.ndarray, rate: int, frame_s: float = 0.01, quiet: float = 100.0) -> float:
+    """The longest run of frames whose RMS is below ``quiet`` (int16 units), in seconds."""
+    longest = run = 0
+    for is_quiet in frames_rms(samples, rate, frame_s) < quiet:
+        run = run + 1 if is_quiet else 0
+        longest = max(longest, run)
+    return longest * frame_s
+
+
 def dominant_frequency(samples: np.ndarray, rate: int) -> float:
     spectrum = np.abs(np.fft.rfft(samples * np.hanning(len(samples))))
     return float(np.argmax(spectrum) * rate / len(samples))

@@ -18,9 +18,8 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 import pytest
-import soxr
 
-from testkit.alignment import ALIGNER_RATE, heard_as
+from testkit.alignment import heard_as, to_aligner
 from tests.audio import parse_wav, rms
 from tests.conftest import Server
 
@@ -236,7 +235,7 @@ def test_webrtc_download_is_the_audio_the_track_played(page, server: Server) -> 
     want_s = speech_s(np.frombuffer(direct.content, dtype="<i2"), PAGE_RATE)
     assert abs(speech_s(samples, rate) - want_s) <= 0.15 * want_s, (speech_s(samples, rate), want_s)
     choices = [SENTENCE.lower().rstrip("."), "my sister bought a small house near the river last summer"]
-    assert heard_as(soxr.resample(samples, rate, ALIGNER_RATE).astype(np.int16), choices) == choices[0]
+    assert heard_as(to_aligner(samples, rate), choices) == choices[0]
 
 
 def run_snippet(command: list[str], cwd: Path, name: str) -> np.ndarray:

@@ -19,14 +19,13 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-import soxr
 import websockets
 
 from rtvoice.engine.arpabet import arpabet_to_ipa
-from testkit.alignment import ALIGNER_RATE, heard_as, transcribe
+from testkit.alignment import heard_as, to_aligner, transcribe
 from testkit.servers import seed_caches
 from testkit.whep_client import WhepPlayer
-from tests.audio import parse_wav, rms, same_speech
+from tests.audio import frames_rms, longest_silence_s, parse_wav, rms, same_speech
 from tests.conftest import Server
 
 RATE = 24_000
@@ -54,28 +53,10 @@ def sse(server: Server, text: str, **fields: Any) -> list[dict[str, Any]]:
     return [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
 
 
-def frames_rms(samples: np.ndarray, rate: int = RATE) -> np.ndarray:
-    frame = int(rate * FRAME_S)
-    usable = samples[: len(samples) // frame * frame].astype(np.float64)
-    return np.sqrt(np.mean(usable.reshape(-1, frame) ** 2, axis=1))
-
-
-def longest_silence_s(samples: np.ndarray, rate: int = RATE) -> float:
-    longest = run = 0
-    for quiet in frames_rms(samples, rate) < QUIET:
-        run = run + 1 if quiet else 0
-        longest = max(longest, run)
-    return longest * FRAME_S
-
-
 def speech_s(samples: np.ndarray, rate: int = RATE) -> float:
     """From the first loud frame to the last: the speech, without the voice's silence at either end."""
-    loud = np.flatnonzero(frames_rms(samples, rate) >= QUIET)
+    loud = np.flatnonzero(frames_rms(samples, rate, FRAME_S) >= QUIET)
     return 0.0 if not len(loud) else (loud[-1] - loud[0] + 1) * FRAME_S
-
-
-def to_aligner(samples: np.ndarray, rate: int = RATE) -> np.ndarray:
-    return soxr.resample(samples, rate, ALIGNER_RATE).astype(np.int16)
 
 
 def heard(samples: np.ndarray, rate: int = RATE) -> list[str]:
@@ -97,8 +78,8 @@ BREAK_DOC = '<speak>The first part is done.<break time="1200ms"/>The second part
 def test_a_break_is_a_silence_of_its_length_and_no_markup_is_heard(server: Server) -> None:
     plain = pcm(server, "The first part is done. The second part starts now.")
     with_break = pcm(server, BREAK_DOC)
-    assert 1.0 <= longest_silence_s(with_break) <= 1.6
-    assert longest_silence_s(plain) < 0.8
+    assert 1.0 <= longest_silence_s(with_break, RATE) <= 1.6
+    assert longest_silence_s(plain, RATE) < 0.8
     words = set(heard(with_break))
     assert not words & MARKUP_WORDS, words
     assert {"first", "second"} <= words  # the recogniser hears the speech itself
@@ -106,7 +87,7 @@ def test_a_break_is_a_silence_of_its_length_and_no_markup_is_heard(server: Serve
 
 def test_a_break_at_the_start_is_kept_and_speed_does_not_shorten_it(server: Server) -> None:
     audio = pcm(server, '<speak><break time="1s"/>Then the speech.</speak>', speed=2.0)
-    loud = np.flatnonzero(frames_rms(audio) >= QUIET)
+    loud = np.flatnonzero(frames_rms(audio, RATE, FRAME_S) >= QUIET)
     assert 1.0 <= loud[0] * FRAME_S <= 1.4  # the break, then the voice's own short lead-in
     assert_heard_without_markup(audio, {"then", "speech"})
 
@@ -420,7 +401,7 @@ def test_websocket_ssml_in_pieces_breaks_and_marks(server: Server) -> None:
             return events, audio, broken, after
 
     events, audio, broken, after = asyncio.run(run())
-    assert 0.9 <= longest_silence_s(audio) <= 1.5
+    assert 0.9 <= longest_silence_s(audio, RATE) <= 1.5
     words = [e for e in events if e["type"] == "word"]
     (mark,) = [e for e in events if e["type"] == "mark"]
     listen = next(w for w in words if w["text"] == "listen")
@@ -536,7 +517,7 @@ def test_cartesia_tags_pause_speed_level_and_spell(server: Server) -> None:
     paused = cartesia_context(
         server, ["The first part is done.<bre", 'ak time="1200ms"/>', "The second part starts now."]
     )
-    assert 1.0 <= longest_silence_s(paused) <= 1.6
+    assert 1.0 <= longest_silence_s(paused, RATE) <= 1.6
     assert not set(heard(paused)) & MARKUP_WORDS
     normal = cartesia_context(server, [sentence])
     faster = cartesia_context(server, ['<speed ratio="1.5"/>', sentence])
@@ -660,9 +641,9 @@ def test_spelled_letters_are_heard_as_letters(server: Server) -> None:
         said = pcm(server, f"Your code is {word}.")
         say_as = pcm(server, f'<speak>Your code is <say-as interpret-as="characters">{word}</say-as>.</speak>')
         spelled = cartesia_context(server, [f"Your code is <spell>{word.upper()}</spell>."])
-        assert heard_as(to_aligner(said), choices) == choices[0], word
-        assert heard_as(to_aligner(say_as), choices) == choices[1], word
-        assert heard_as(to_aligner(spelled), choices) == choices[1], word
+        assert heard_as(to_aligner(said, RATE), choices) == choices[0], word
+        assert heard_as(to_aligner(say_as, RATE), choices) == choices[1], word
+        assert heard_as(to_aligner(spelled, RATE), choices) == choices[1], word
         assert not set(heard(spelled)) & (MARKUP_WORDS | {"spell"})
 
 

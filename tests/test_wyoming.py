@@ -34,6 +34,7 @@ from rtvoice.app.wyoming import discovery
 from rtvoice.app.wyoming.framing import MAX_HEADER_LINE_BYTES
 from testkit.polling import wait_for
 from testkit.servers import free_port, start_rtvoice
+from tests.audio import longest_silence_s
 from tests.conftest import Server, settled_audio_seconds
 from tests.engine_output import EMBEDDED_VOICE_RATE, synthesize
 
@@ -254,14 +255,8 @@ def test_ssml_is_read_as_markup_whole_and_streamed(wyoming: Wyoming) -> None:
             return whole, streamed
 
     for got in run(main()):
-        pcm = got.pcm()
-        frame = EMBEDDED_VOICE_RATE // 50
-        quiet = np.sqrt(np.mean((pcm[: len(pcm) // frame * frame].reshape(-1, frame) / 32767.0) ** 2, axis=1)) < 0.003
-        longest, run_length = 0, 0
-        for is_quiet in quiet:
-            run_length = run_length + 1 if is_quiet else 0
-            longest = max(longest, run_length)
-        assert 0.9 <= longest / 50 <= 1.5, longest / 50
+        silence_s = longest_silence_s(got.pcm(), EMBEDDED_VOICE_RATE, frame_s=0.02, quiet=0.003 * 32767)
+        assert 0.9 <= silence_s <= 1.5, silence_s
 
 
 def test_voice_may_be_missing_named_or_a_language(wyoming: Wyoming) -> None:
