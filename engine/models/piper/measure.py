@@ -10,6 +10,7 @@ follows from, the machine's processor and cores included for the two timings, so
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -55,7 +56,7 @@ class SentenceStages:
 
 
 def contexts_key(model_bytes: bytes, config_bytes: bytes, chunk_frames: int) -> dict[str, Any]:
-    """What the measured contexts follow from (``context.remembered`` keeps them under it): the weights, the config
+    """What the measured contexts follow from (``remembered`` keeps them under it): the weights, the config
     (the phonemes), the measurement, and the libraries that run it."""
     return {
         "weights_sha256": hashlib.sha256(model_bytes).hexdigest(),
@@ -83,6 +84,7 @@ def timings_key(weights_sha256: str, what: str, threads: int, **more: Any) -> di
     }
 
 
+@functools.cache  # one machine per process: read once, however many voices load
 def _processor() -> str:
     """The processor's model name (Linux's ``/proc/cpuinfo``), else what the platform says of it."""
     try:
@@ -174,24 +176,41 @@ def fastest_decoder(
     chunk_size: int,
     options: onnxruntime.SessionOptions,
     providers: list[str],
-    kept: Callable[[dict[str, Any], Callable[[], Any]], Any] = lambda key, measure: measure(),
-    weights_sha256: str = "",
+    *,
+    kept: Callable[[dict[str, Any], Callable[[], Any]], Any],
+    weights_sha256: str,
 ) -> tuple[onnxruntime.InferenceSession, bytes]:
     """The decoder as exported, or with its convolutions run as 2-D ones (``layout.py``) when that gives the same
     audio and is faster here, timed on a chunk of ``chunk_size`` frames (the largest the plan makes, context
-    included); with its model. ``kept`` (``remembered`` in a directory) keeps the choice under its key."""
+    included); with its model. ``kept`` (``remembered`` in a directory) keeps the choice under its key, so the 2-D
+    session is only made where it is timed or was chosen."""
     rewritten = layout.two_dimensional(graphs.decoder)
     channels = layout.input_channels(graphs.decoder)
     if rewritten is None or channels is None:
         return exported, graphs.decoder.model
-    try:
-        candidate = onnxruntime.InferenceSession(rewritten.model, options, providers=providers)
-    except Exception as error:  # onnxruntime refused the rewrite: keep the export
-        log.warning("voice %s: decoder as exported (2-D form failed: %s)", voice_id, error)
-        return exported, graphs.decoder.model
+    two_d = rewritten.model
+
+    def candidate() -> onnxruntime.InferenceSession | None:
+        try:
+            return onnxruntime.InferenceSession(two_d, options, providers=providers)
+        except Exception as error:  # onnxruntime refused the rewrite: keep the export
+            log.warning("voice %s: decoder as exported (2-D form failed: %s)", voice_id, error)
+            return None
+
+    made: list[onnxruntime.InferenceSession] = []
+
+    def measured() -> str:
+        session = candidate()
+        if session is None:
+            return "as exported"
+        made.append(session)
+        return _decoder_layout(voice_id, exported, session, graphs.latent, channels, chunk_size)
+
     key = timings_key(weights_sha256, "decoder layout", options.intra_op_num_threads, chunk_frames=chunk_size)
-    choice = kept(key, lambda: _decoder_layout(voice_id, exported, candidate, graphs.latent, channels, chunk_size))
-    return (candidate, rewritten.model) if choice == "2-D" else (exported, graphs.decoder.model)
+    if kept(key, measured) != "2-D":
+        return exported, graphs.decoder.model
+    session = made[0] if made else candidate()
+    return (exported, graphs.decoder.model) if session is None else (session, two_d)
 
 
 def _decoder_layout(
@@ -233,9 +252,10 @@ def faster_wide_sessions(
     models: dict[type[StepPayload], bytes],
     options: onnxruntime.SessionOptions,
     providers: list[str],
+    *,
+    kept: Callable[[dict[str, Any], Callable[[], Any]], Any],
+    weights_sha256: str,
     repeats: int = 3,
-    kept: Callable[[dict[str, Any], Callable[[], Any]], Any] = lambda key, measure: measure(),
-    weights_sha256: str = "",
 ) -> dict[type[StepPayload], onnxruntime.InferenceSession]:
     """Sessions with ``options`` (on its ``intra_op_num_threads`` cores) for the stages whose calls before a stream's
     first audio they make sooner than ``sessions`` do, with the same results to the bit, timed here on the warm-up

@@ -8,9 +8,10 @@ itself at load to do that well is ``measure.py``'s.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,9 +130,7 @@ class PiperVoice(Voice):
             ),
         )
         self.flow_context, self.decoder_context = int(flow_context), int(decoder_context)
-
-        def kept(key: dict[str, Any], measured: Callable[[], Any]) -> Any:
-            return measure.remembered(measured_dir, key, measured)
+        kept = functools.partial(measure.remembered, measured_dir)
 
         self.geometry = Geometry.of(plan, frame_ms, self.flow_context, self.decoder_context)
         self.planner = Planner(self.geometry)
@@ -142,8 +141,8 @@ class PiperVoice(Voice):
             self.planner.chunk_size(self.geometry.max_chunk),
             options,
             providers,
-            kept,
-            key["weights_sha256"],
+            kept=kept,
+            weights_sha256=key["weights_sha256"],
         )
         # The int8 decoder is built on the 2-D form wherever there is one (faster in int8 here: docs/decisions.md),
         # not on the form timed faster at this load, so a kept build does not depend on a timing.
