@@ -47,7 +47,7 @@ import numpy as np
 
 from bench.whep_listeners import percentile
 from testkit.browser import launch_chromium, serve_whep_player
-from testkit.servers import Server, metric, start_rtvoice
+from testkit.servers import Server, metrics, start_rtvoice
 
 TEXT = "Hello! How can I help you today?"
 LOAD_TEXT = (
@@ -67,11 +67,9 @@ SCENARIOS = {
 
 def first_frame_metric(url: str, source: str) -> tuple[float, float]:
     """(sum, count) of rtvoice_whep_first_frame_seconds for ``source``."""
-    labels = {"source": source}
-    return (
-        metric(url, "rtvoice_whep_first_frame_seconds_sum", labels),
-        metric(url, "rtvoice_whep_first_frame_seconds_count", labels),
-    )
+    total, count = "rtvoice_whep_first_frame_seconds_sum", "rtvoice_whep_first_frame_seconds_count"
+    read = metrics(url, (total, count), {"source": source})
+    return read[total], read[count]
 
 
 def voice_onset_ms(url: str, text: str) -> float:

@@ -35,7 +35,7 @@ from itertools import pairwise
 
 import httpx
 
-from testkit.servers import Server, metric, start_rtvoice
+from testkit.servers import Server, metrics, start_rtvoice
 from testkit.whep_client import WhepPlayer
 
 PARAGRAPH = (
@@ -97,7 +97,7 @@ class Level:
 
 def server_metrics(url: str) -> dict[str, float]:
     wanted = ("rtvoice_whep_underrun_seconds_total", "rtvoice_whep_late_frames_total", "rtvoice_stall_seconds_total")
-    return {name: metric(url, name) for name in wanted}
+    return metrics(url, wanted)
 
 
 def arrival_gaps(player: WhepPlayer, start: float, end: float) -> int:

@@ -8,7 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,27 +42,37 @@ class Server:
             self.process.kill()
 
 
-def samples(url: str, name: str) -> list[tuple[dict[str, str], float]]:
-    """Each sample of ``name`` in the /metrics of the server at ``url``: its labels and value."""
+def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample in the /metrics of the server at ``url``, read once: its name, labels and value."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"{url}/metrics", timeout=10).text
     return [
-        (sample.labels, sample.value)
+        (sample.name, sample.labels, sample.value)
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == name
     ]
+
+
+def samples(url: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """Each sample of ``name`` in the /metrics of the server at ``url``: its labels and value."""
+    return [(labels, value) for sample_name, labels, value in scrape(url) if sample_name == name]
+
+
+def metrics(url: str, names: Sequence[str], labels: dict[str, str] | None = None) -> dict[str, float]:
+    """For each of ``names``, the sum of its samples that carry ``labels`` (0 when absent), from one read of the
+    /metrics of the server at ``url``, so that they describe one moment."""
+    sums = dict.fromkeys(names, 0.0)
+    for name, sample_labels, value in scrape(url):
+        if name in sums and all(sample_labels.get(k) == v for k, v in (labels or {}).items()):
+            sums[name] += value
+    return sums
 
 
 def metric(url: str, name: str, labels: dict[str, str] | None = None) -> float:
     """The sum of the samples of ``name`` in the /metrics of the server at ``url`` that carry ``labels`` (0 when
     absent)."""
-    return sum(
-        value
-        for sample_labels, value in samples(url, name)
-        if all(sample_labels.get(k) == v for k, v in (labels or {}).items())
-    )
+    return metrics(url, (name,), labels)[name]
 
 
 CACHES = ("measured", "int8")
