@@ -6,12 +6,16 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 TEMP_SUFFIX = ".tmp"
-"""What a write in progress is called (with a leading dot): one found at start was left by a crash."""
+"""What a write in progress is called (with a leading dot)."""
+UNFINISHED_AFTER_S = 600.0
+"""A part-written file untouched this long was left by a crash. Younger ones are left alone: the directory may be
+shared by replicas, and one starting must not remove the file another is writing (a save takes milliseconds)."""
 
 
 def fsync_directory(directory: Path) -> None:
@@ -44,8 +48,19 @@ def write_atomically(target: Path, data: bytes | memoryview) -> None:
     fsync_directory(target.parent)
 
 
+def left_by_a_crash(path: Path) -> bool:
+    """Whether ``path``, part of a save, has gone untouched too long to be one still in progress (False once it is
+    gone)."""
+    try:
+        return time.time() - path.stat().st_mtime > UNFINISHED_AFTER_S
+    except FileNotFoundError:
+        return False
+
+
 def remove_unfinished(directory: Path, what: str) -> None:
-    """Remove the temporary files a crashed write left in ``directory`` (never a whole file)."""
+    """Remove the temporary files crashed writes left in ``directory`` (never a whole file, nor a write that may still
+    be going on in another process)."""
     for partial in directory.glob(f".*{TEMP_SUFFIX}"):
-        log.warning("removing %s, a %s file a crashed save left unfinished", partial, what)
-        partial.unlink(missing_ok=True)
+        if left_by_a_crash(partial):
+            log.warning("removing %s, a %s file a crashed save left unfinished", partial, what)
+            partial.unlink(missing_ok=True)

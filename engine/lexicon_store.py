@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rtvoice.engine.durable import fsync_directory, remove_unfinished, write_atomically
+from rtvoice.engine.durable import fsync_directory, left_by_a_crash, remove_unfinished, write_atomically
 from rtvoice.engine.errors import Conflict, InvalidRequest, StorageFailed
 from rtvoice.engine.lexicon import Lexicon, lexicon_applies, parse_pls
 
@@ -113,7 +113,7 @@ class LexiconStore:
             return []
         remove_unfinished(self.directory, "lexicon")
         for orphan in self.directory.glob("*.json"):  # a crash between the JSON and the .pls: no lexicon was kept
-            if not orphan.with_suffix(".pls").exists():
+            if not orphan.with_suffix(".pls").exists() and left_by_a_crash(orphan):
                 log.warning("removing %s, the name of a lexicon whose save did not finish", orphan)
                 orphan.unlink(missing_ok=True)
         found = []

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from pathlib import Path
 
 import pytest
 
-from rtvoice.engine import lexicon_store
+from rtvoice.engine import durable, lexicon_store
 from rtvoice.engine.errors import Conflict, InvalidRequest, StorageFailed
 from rtvoice.engine.lexicon import PLS_NAMESPACE
 from rtvoice.engine.lexicon_store import LexiconStore, UnknownLexicon
@@ -151,17 +153,30 @@ def test_bad_startup_file_stops_the_server(tmp_path: Path) -> None:
         store_at(tmp_path / "lexicons", (good, twin))
 
 
-def test_leftovers_of_a_crashed_save_removed(tmp_path: Path) -> None:
+def test_leftovers_of_a_crashed_save_removed_and_a_save_in_progress_kept(tmp_path: Path) -> None:
+    """What a crash left is removed at start; what another replica on the same directory is writing now is not
+    (the CI once lost an upload to a server starting beside it)."""
     store = store_at(tmp_path)
     kept = store.add(pls("a", "b"))
     partial = tmp_path / ".lex_0123456789abcdef.pls.abcd.tmp"
     partial.write_bytes(b"<lexicon")
     orphan = tmp_path / "lex_fedcba9876543210.json"  # the name was written, the .pls never was
     orphan.write_text('{"name": "lost"}')
+    crashed = time.time() - durable.UNFINISHED_AFTER_S - 1
+    for path in (partial, orphan):
+        os.utime(path, (crashed, crashed))
+    writing = tmp_path / ".lex_00000000000000bb.pls.efgh.tmp"
+    writing.write_bytes(b"<lexicon")
+    named = tmp_path / "lex_00000000000000bb.json"  # its JSON is written first
+    named.write_text('{"name": "in progress"}')
 
     again = store_at(tmp_path)
     assert not partial.exists() and not orphan.exists()
+    assert writing.exists() and named.exists()
     assert again.infos() == [kept]
+    writing.replace(tmp_path / "lex_00000000000000bb.pls")  # the other replica's save finishes
+    (tmp_path / "lex_00000000000000bb.pls").write_bytes(pls("c", "d"))
+    assert again.info("lex_00000000000000bb").name == "in progress"
 
 
 def test_bad_stored_file_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

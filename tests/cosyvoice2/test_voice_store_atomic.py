@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from testkit.servers import REPO, free_port
 
 torch = pytest.importorskip("torch")
 
+from rtvoice.engine import durable  # noqa: E402
 from rtvoice.engine.models.cosyvoice2.frontend import PromptFeatures  # noqa: E402
 from rtvoice.engine.models.cosyvoice2.voice_store import SavedVoice, VoiceStore  # noqa: E402
 
@@ -91,6 +93,12 @@ def test_a_crash_mid_save_leaves_no_half_voice(tmp_path: Path) -> None:
         assert [voice.voice_id for voice in survivors] == ["crashy"]
     else:
         assert survivors == []
+    # A fresh temporary file may be another replica's save in progress: it stays until it is old enough.
+    partial = [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    crashed = time.time() - durable.UNFINISHED_AFTER_S - 1
+    for path in partial:
+        os.utime(path, (crashed, crashed))
+    assert store.load_all() == survivors
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "the crashed save's temporary file stays"
 
 
