@@ -147,8 +147,9 @@ class EngineSettings(BaseSettings):
     data_dir: Path = Field(
         default_factory=lambda: Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "rtvoice"
     )
-    """Where rtvoice keeps what it writes (registered voices; under ``measured/``, the context frames measured for
-    each Piper voice's weights, so that later starts skip that measure); never inside a model directory."""
+    """Where rtvoice keeps what it writes (registered voices, uploaded lexicons; for each Piper voice's weights, what
+    a start made and later starts read back: its split stages under ``stages/``, what it measured and timed under
+    ``measured/``, int8 parts under ``int8/``); never inside a model directory."""
     cosyvoice_voices_dir: Path | None = None
     """Registered CosyVoice2 voices (``<id>.pt`` each); empty means ``<data_dir>/voices``."""
     cosyvoice_threads: int = 1

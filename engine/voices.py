@@ -107,6 +107,7 @@ class VoiceRegistry:
                     measured_dir=settings.data_dir / "measured",
                     int8=settings.piper_int8,
                     int8_dir=settings.data_dir / "int8",
+                    stages_dir=settings.data_dir / "stages",
                 )
             except Exception as error:  # onnxruntime, JSON and the graph splitter each fail their own way
                 raise VoiceLoadError(f"cannot load the Piper voice {path}: {error}") from error

@@ -75,7 +75,7 @@ def metric(url: str, name: str, labels: dict[str, str] | None = None) -> float:
     return metrics(url, (name,), labels)[name]
 
 
-CACHES = ("measured", "int8")
+CACHES = ("measured", "int8", "stages")
 """What a start keeps in its data directory for the next start of the same weights (context frames and timed
 choices, the quantized decoder)."""
 

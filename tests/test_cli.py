@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -16,6 +18,7 @@ from rtvoice.app import cli
 from rtvoice.app.settings import Settings
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.request import SynthesisRequest
+from testkit.servers import seed_caches
 from tests.audio import decode, parse_wav, rms, same_speech
 from tests.engine_output import synthesize
 
@@ -23,7 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 TEXT = "Hello from the command line."
 
 
-def rtvoice(*args: str, stdin: str | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+def rtvoice(
+    *args: str, stdin: str | None = None, cwd: Path = REPO, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "rtvoice.app.cli", *args],
         cwd=cwd,
@@ -31,6 +36,7 @@ def rtvoice(*args: str, stdin: str | None = None, cwd: Path = REPO) -> subproces
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -63,6 +69,32 @@ def test_say_reads_standard_input_and_defaults_to_out_wav(tmp_path: Path) -> Non
     assert result.returncode == 0, result.stderr
     _, samples = parse_wav((tmp_path / "out.wav").read_bytes())
     assert same_speech(samples, synthesize(TEXT + "\n", seed=4))
+
+
+def imported(stderr: str, module: str) -> bool:
+    """Whether ``module`` was imported, from what ``PYTHONPROFILEIMPORTTIME`` wrote."""
+    return any(
+        line.startswith("import time:") and line.split("|")[-1].strip() == module for line in stderr.splitlines()
+    )
+
+
+def test_say_keeps_the_voices_split_and_a_second_run_imports_no_onnx(tmp_path: Path) -> None:
+    """The first run on a data directory splits the voice (onnx) and keeps the stages there; the next reads them back,
+    without onnx (1.4 s of every start), and says the same to the sample."""
+    data = tmp_path / "data"
+    seed_caches(data)  # what was timed; the split is made here
+    shutil.rmtree(data / "stages", ignore_errors=True)
+    env = {"RTVOICE_DATA_DIR": str(data), "PYTHONPROFILEIMPORTTIME": "1"}
+    outputs = []
+    for run in ("made", "read back"):
+        out = tmp_path / f"{run}.pcm"
+        result = rtvoice("say", TEXT, "-o", str(out), "--seed", "3", env=env)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert imported(result.stderr, "onnx") == (run == "made"), run
+        assert imported(result.stderr, "rtvoice.engine.models.piper.voice"), "the voice was not loaded"
+        outputs.append(out.read_bytes())
+    assert [p.name for p in (data / "stages").glob("*/stages.json")], "no split kept"
+    assert outputs[0] == outputs[1] and rms(np.frombuffer(outputs[0], "<i2")) > 0.02
 
 
 def test_say_with_a_seed_is_reproducible(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from rtvoice.engine.models.piper import context, graph, int8
 from rtvoice.engine.models.piper.int8 import Int8Parts, Verdict
+from rtvoice.engine.models.piper.stages import Stage
 
 SENTENCE = "She opened the window and listened to the birds in the garden."
 
@@ -64,7 +65,7 @@ def test_an_int8_decoder_streams_in_chunks_that_join_as_its_whole_run(
         return np.asarray(audio).reshape(-1)
 
     whole = decode(0, stages.frames)
-    reach = graph.context_frames(graph.Stage(int8_decoder, [latent_name], piper_voice.graphs.decoder.outputs))
+    reach = graph.context_frames(Stage(int8_decoder, [latent_name], piper_voice.graphs.decoder.outputs))
     chunked = context.tiled(decode, stages.frames, hop, 12, reach)
     power = float(np.mean(whole.astype(np.float64) ** 2))
     joins_db = context.below_db(power, whole, chunked)

@@ -9,7 +9,7 @@ import onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
 from rtvoice.engine.models.piper import layout
-from rtvoice.engine.models.piper.graph import Stage
+from rtvoice.engine.models.piper.stages import Stage
 from rtvoice.engine.models.piper.voice import PiperVoice
 
 

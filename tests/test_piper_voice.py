@@ -15,7 +15,7 @@ import onnxruntime
 import pytest
 
 from rtvoice.engine.models.base import SynthesisOptions
-from rtvoice.engine.models.piper import context, graph, measure
+from rtvoice.engine.models.piper import context, graph, measure, prepare
 from rtvoice.engine.models.piper.measure import SentenceStages
 from rtvoice.engine.models.piper.voice import PiperVoice
 from rtvoice.engine.voices import embedded_voice_path
@@ -162,6 +162,28 @@ def test_measured_contexts_are_kept_for_the_same_weights_and_measure(tmp_path: P
     blocked.write_text("")
     assert measure.remembered(blocked, key, measured_now) == [27, 10] and len(measured) == 5
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_kept_split_is_read_back_whole_and_a_spoilt_one_made_again(tmp_path: Path) -> None:
+    """``prepare.prepared`` keeps what it made (the stages, their interfaces, the 2-D decoder) and reads back the same;
+    a manifest for other weights or code, or one that is not JSON, makes it again; a place it cannot write still gives
+    the split."""
+    model_bytes = embedded_voice_path().read_bytes()
+    weights = hashlib.sha256(model_bytes).hexdigest()
+    made = prepare.prepared(model_bytes, weights, tmp_path)
+    (manifest,) = tmp_path.glob(f"*/{prepare.MANIFEST}")
+    assert made.two_d_decoder is not None and made.decoder_channels and made.duration_noise_channels
+    assert prepare.prepared(model_bytes, weights, tmp_path) == made
+    kept = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**kept, "key": {**kept["key"], "splitter_sha256": "0" * 64}}))
+    assert prepare.prepared(model_bytes, weights, tmp_path) == made
+    assert json.loads(manifest.read_text())["key"] == kept["key"], "not made and kept again"
+    manifest.write_text("{not json")
+    assert prepare.prepared(model_bytes, weights, tmp_path) == made
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    assert prepare.prepared(model_bytes, weights, blocked) == made
+    assert not list(tmp_path.glob("*/.*.tmp"))
 
 
 def kept_measures(directory: Path) -> dict[str | None, dict[str, Any]]:

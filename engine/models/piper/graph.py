@@ -25,40 +25,12 @@ seeded generator: runs are reproducible and batching cannot change them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import onnx
 from onnx import helper
 
+from rtvoice.engine.models.piper.stages import PiperGraphs, Stage
+
 ELEMENTWISE_OPS = {"LeakyRelu", "Relu", "Add", "Mul", "Div", "Sub", "Identity"}
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One sub-graph: its serialized model and its interface."""
-
-    model: bytes
-    inputs: list[str]
-    outputs: list[str]
-
-
-@dataclass(frozen=True)
-class PiperGraphs:
-    encoder: Stage
-    flow: Stage
-    decoder: Stage
-    duration_noise: list[str] = field(default_factory=list)
-    """Encoder inputs that replace the duration predictor's random draws."""
-    prior_noise: str = ""
-    """Flow input that replaces the prior's random draw."""
-    prior_mean: str = ""
-    """Encoder output whose shape the prior's draw takes."""
-    latent: str = ""
-    """The tensor between flow and decoder."""
-    frame_mask: str = ""
-    """The [B, 1, T] frame mask produced by the encoder."""
-    durations: str = ""
-    """The encoder output [B, 1, N]: frames of each phoneme id (0 for padding), speed included."""
 
 
 class GraphSplitError(ValueError):

@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import onnx
 import onnxruntime
 import soxr
 from rapidfuzz.distance import Levenshtein
 
-from rtvoice.engine.models.piper import graph
+from rtvoice.engine.models.piper.stages import Stage
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +102,14 @@ class Synthesis:
 # -- what is quantised ----------------------------------------------------------------------------------------------
 
 
-def encoder_convolutions(stage: graph.Stage, prior_mean: str, durations: str) -> list[str]:
+def encoder_convolutions(stage: Stage, prior_mean: str, durations: str) -> list[str]:
     """The text encoder's convolutions: those before its projection to the prior's statistics, the one convolution
     that feeds the prior mean but not the durations. The duration predictor's (many tiny nodes, and the durations
     themselves) stay fp32."""
+    import onnx  # needed only to build (a kept build is read without: ``prepare.py``)
+
+    from rtvoice.engine.models.piper import graph
+
     model = onnx.load_from_string(stage.model)
     nodes = list(model.graph.node)
     producer = {t: i for i, n in enumerate(nodes) for t in n.output if t}
@@ -123,6 +126,8 @@ def encoder_convolutions(stage: graph.Stage, prior_mean: str, durations: str) ->
 def decoder_early_convolutions(model_bytes: bytes, stages: int = 2) -> list[str]:
     """The convolutions of the decoder's first ``stages`` upsampling stages (HiFi-GAN's residual blocks after each of
     its first transposed convolutions); the later stages, at audio rate, add an audible noise floor in int8."""
+    import onnx  # needed only to build
+
     nodes = list(onnx.load_from_string(model_bytes).graph.node)
     upsamples = [i for i, n in enumerate(nodes) if n.op_type == "ConvTranspose"]
     if len(upsamples) <= stages:
@@ -133,6 +138,7 @@ def decoder_early_convolutions(model_bytes: bytes, stages: int = 2) -> list[str]
 def quantised(model_bytes: bytes, nodes: list[str], feeds: Sequence[dict[str, np.ndarray]]) -> bytes:
     """``model_bytes`` with ``nodes`` quantised to int8 (QDQ, per channel, 7-bit weights so AVX2's u8s8 products do
     not saturate), activation ranges from running ``feeds``."""
+    import onnx  # needed only to build
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -300,7 +306,7 @@ def parts(
     mode: Int8Mode,
     directory: Path | None,
     key: dict[str, Any],
-    encoder_stage: graph.Stage,
+    encoder_stage: Stage,
     prior_mean: str,
     durations: str,
     decoder_model: bytes,
@@ -345,7 +351,7 @@ def parts(
 
 def _build(
     voice_id: str,
-    encoder_stage: graph.Stage,
+    encoder_stage: Stage,
     prior_mean: str,
     durations: str,
     decoder_model: bytes,

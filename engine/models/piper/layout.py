@@ -23,7 +23,7 @@ import onnx
 import onnxruntime
 from onnx import helper, numpy_helper
 
-from rtvoice.engine.models.piper.graph import Stage
+from rtvoice.engine.models.piper.stages import Stage
 
 CONVOLUTIONS = {"Conv", "ConvTranspose"}
 UNIT_AXIS = 2

@@ -30,7 +30,8 @@ import onnxruntime
 
 from rtvoice.engine.durable import write_atomically
 from rtvoice.engine.models.base import StepBudget, StepPayload, SynthesisOptions, VoiceSession
-from rtvoice.engine.models.piper import context, graph, layout
+from rtvoice.engine.models.piper import context
+from rtvoice.engine.models.piper.stages import PiperGraphs, Stage
 from rtvoice.engine.models.piper.steps import EncodedSegment, EncodeJob
 
 log = logging.getLogger(__name__)
@@ -55,11 +56,11 @@ class SentenceStages:
     """The whole decoder run: ``frames`` × hop samples."""
 
 
-def contexts_key(model_bytes: bytes, config_bytes: bytes, chunk_frames: int) -> dict[str, Any]:
-    """What the measured contexts follow from (``remembered`` keeps them under it): the weights, the config
-    (the phonemes), the measurement, and the libraries that run it."""
+def contexts_key(weights_sha256: str, config_bytes: bytes, chunk_frames: int) -> dict[str, Any]:
+    """What the measured contexts follow from (``remembered`` keeps them under it): the weights (their hash), the
+    config (the phonemes), the measurement, and the libraries that run it."""
     return {
-        "weights_sha256": hashlib.sha256(model_bytes).hexdigest(),
+        "weights_sha256": weights_sha256,
         "config_sha256": hashlib.sha256(config_bytes).hexdigest(),
         "version": context.MEASURE_VERSION,
         "tolerance_db": context.TOLERANCE_DB,
@@ -122,7 +123,7 @@ def remembered(directory: Path | None, key: dict[str, Any], measure: Callable[[]
 
 def least_contexts(
     voice_id: str,
-    graphs: graph.PiperGraphs,
+    graphs: PiperGraphs,
     hop: int,
     stages: SentenceStages,
     decoder: onnxruntime.InferenceSession,
@@ -133,6 +134,8 @@ def least_contexts(
     ``chunk_frames`` (the plan's smallest) sounds as its whole run does (``context.py``), at most the reach of the
     stage's convolutions (``graph.context_frames``). The flow's chunks are judged by the audio of the latent they
     make, on ``decoder``. Chunks run on ``threads`` at once (nothing else runs while a voice loads)."""
+    from rtvoice.engine.models.piper import graph  # onnx, needed only when measuring (``prepare.py``)
+
     flow_bound = graph.context_frames(graphs.flow)
     decoder_bound = graph.context_frames(graphs.decoder)
     frames = stages.frames
@@ -171,7 +174,9 @@ def least_contexts(
 
 def fastest_decoder(
     voice_id: str,
-    graphs: graph.PiperGraphs,
+    graphs: PiperGraphs,
+    two_d_decoder: Stage | None,
+    channels: int | None,
     exported: onnxruntime.InferenceSession,
     chunk_size: int,
     options: onnxruntime.SessionOptions,
@@ -180,15 +185,13 @@ def fastest_decoder(
     kept: Callable[[dict[str, Any], Callable[[], Any]], Any],
     weights_sha256: str,
 ) -> tuple[onnxruntime.InferenceSession, bytes]:
-    """The decoder as exported, or with its convolutions run as 2-D ones (``layout.py``) when that gives the same
-    audio and is faster here, timed on a chunk of ``chunk_size`` frames (the largest the plan makes, context
-    included); with its model. ``kept`` (``remembered`` in a directory) keeps the choice under its key, so the 2-D
-    session is only made where it is timed or was chosen."""
-    rewritten = layout.two_dimensional(graphs.decoder)
-    channels = layout.input_channels(graphs.decoder)
-    if rewritten is None or channels is None:
+    """The decoder as exported, or ``two_d_decoder`` (its convolutions run as 2-D ones: ``layout.py``) when that
+    gives the same audio and is faster here, timed on a chunk of ``chunk_size`` frames (the largest the plan makes,
+    context included) of ``channels``; with its model. ``kept`` (``remembered`` in a directory) keeps the choice under
+    its key, so the 2-D session is only made where it is timed or was chosen."""
+    if two_d_decoder is None or channels is None:
         return exported, graphs.decoder.model
-    two_d = rewritten.model
+    two_d = two_d_decoder.model
 
     def candidate() -> onnxruntime.InferenceSession | None:
         try:
@@ -223,6 +226,8 @@ def _decoder_layout(
 ) -> str:
     """``2-D`` when ``candidate`` gives the export's audio and is faster on a chunk of ``chunk_size`` frames, else
     ``as exported``."""
+    from rtvoice.engine.models.piper import layout  # onnx, needed only when timing (``prepare.py``)
+
     latent = np.random.default_rng(0).standard_normal((1, channels, chunk_size), dtype=np.float32)
     try:
         comparison = layout.compare(exported, candidate, {latent_name: latent}, repeats=3)

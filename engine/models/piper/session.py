@@ -26,8 +26,8 @@ from rtvoice.engine.models.base import (
     VoiceInfo,
     VoiceSession,
 )
-from rtvoice.engine.models.piper.graph import PiperGraphs
 from rtvoice.engine.models.piper.plan import DecodeChunk, Geometry, Planner, Progress
+from rtvoice.engine.models.piper.stages import PiperGraphs
 from rtvoice.engine.models.piper.steps import DecodeJob, EncodedSegment, EncodeJob, FlowJob, PiperStep
 
 

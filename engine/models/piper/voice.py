@@ -9,6 +9,7 @@ itself at load to do that well is ``measure.py``'s.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 from collections.abc import Sequence
@@ -16,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime
 from piper.config import PhonemeType, PiperConfig
 from piper.voice import PiperVoice as PiperPhonemizer
@@ -32,7 +32,7 @@ from rtvoice.engine.models.base import (
     Voice,
     VoiceInfo,
 )
-from rtvoice.engine.models.piper import alignment, graph, layout, measure
+from rtvoice.engine.models.piper import alignment, measure, prepare
 from rtvoice.engine.models.piper import int8 as int8_parts
 from rtvoice.engine.models.piper.int8 import Int8Mode
 from rtvoice.engine.models.piper.measure import MEASURING_TEXT, SentenceStages
@@ -72,10 +72,12 @@ class PiperVoice(Voice):
         measured_dir: Path | None = None,
         int8: Int8Mode = "off",
         int8_dir: Path | None = None,
+        stages_dir: Path | None = None,
     ) -> None:
         """``wide_threads``: the cores a call may use when the runner lends it every slot (``run_wide``);
         ``measured_dir``: where the context frames measured for these weights are kept (None: measured each time);
-        ``int8``: which parts run in int8 (``int8.py``), kept in ``int8_dir`` (None: built each time)."""
+        ``int8``: which parts run in int8 (``int8.py``), kept in ``int8_dir`` (None: built each time);
+        ``stages_dir``: where the split stages are kept (``prepare.py``; None: split each time)."""
         plan = plan or ChunkPlan()
         model_path = Path(model_path)
         config_path = Path(f"{model_path}.json")
@@ -102,10 +104,11 @@ class PiperVoice(Voice):
         self.phonemizer = PiperPhonemizer(session=None, config=self.config)
 
         model_bytes = model_path.read_bytes()
-        model = onnx.load_from_string(model_bytes)
-        self.graphs = graph.split(model)
-        self.duration_noise_channels = [graph.noise_channels(model, name) for name in self.graphs.duration_noise]
-        del model
+        weights_sha256 = hashlib.sha256(model_bytes).hexdigest()
+        prepared = prepare.prepared(model_bytes, weights_sha256, stages_dir)
+        del model_bytes
+        self.graphs = prepared.graphs
+        self.duration_noise_channels = prepared.duration_noise_channels
         options = _session_options(intra_op_threads)
         providers = ["CPUExecutionProvider"]
         self.encoder = onnxruntime.InferenceSession(self.graphs.encoder.model, options, providers=providers)
@@ -113,8 +116,7 @@ class PiperVoice(Voice):
         exported_decoder = onnxruntime.InferenceSession(self.graphs.decoder.model, options, providers=providers)
         frame_ms = 1000 * self.hop / self.info.sample_rate
         chunk_frames = plan.first_chunk_frames(frame_ms)
-        key = measure.contexts_key(model_bytes, config_bytes, chunk_frames)
-        del model_bytes
+        key = measure.contexts_key(weights_sha256, config_bytes, chunk_frames)
         self.options, self.providers = options, providers
         flow_context, decoder_context = measure.remembered(
             measured_dir,
@@ -137,21 +139,23 @@ class PiperVoice(Voice):
         self.decoder, decoder_model = measure.fastest_decoder(
             self.info.id,
             self.graphs,
+            prepared.two_d_decoder,
+            prepared.decoder_channels,
             exported_decoder,
             self.planner.chunk_size(self.geometry.max_chunk),
             options,
             providers,
             kept=kept,
-            weights_sha256=key["weights_sha256"],
+            weights_sha256=weights_sha256,
         )
         # The int8 decoder is built on the 2-D form wherever there is one (faster in int8 here: docs/decisions.md),
         # not on the form timed faster at this load, so a kept build does not depend on a timing.
-        two_d = layout.two_dimensional(self.graphs.decoder) if int8 != "off" else None
+        two_d = prepared.two_d_decoder
         self.int8 = int8_parts.parts(
             self.info.id,
             int8,
             int8_dir,
-            int8_parts.build_key(key["weights_sha256"], "2-D" if two_d is not None else "as exported"),
+            int8_parts.build_key(weights_sha256, "2-D" if two_d is not None else "as exported"),
             self.graphs.encoder,
             self.graphs.prior_mean,
             self.graphs.durations,
@@ -181,7 +185,7 @@ class PiperVoice(Voice):
             _session_options(wide_threads),
             providers,
             kept=kept,
-            weights_sha256=key["weights_sha256"],
+            weights_sha256=weights_sha256,
         )
         self.frames_per_char: float | None = None
         """Frames of speech per character of text, from the warm-up sentence (for the encoder's share of cost)."""
