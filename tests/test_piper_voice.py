@@ -179,7 +179,13 @@ def test_a_kept_split_is_read_back_whole_and_a_spoilt_one_made_again(tmp_path: P
     assert prepare.prepared(model_bytes, weights, tmp_path) == made
     assert json.loads(manifest.read_text())["key"] == kept["key"], "not made and kept again"
     manifest.write_text("{not json")
+    # Made again, it removes the splits of these weights by other code; another voice's stays.
+    superseded, other_voice = tmp_path / "superseded", tmp_path / "other-voice"
+    for folder, changed in ((superseded, {"onnx": "0.0"}), (other_voice, {"weights_sha256": "ab" * 32})):
+        folder.mkdir()
+        (folder / prepare.MANIFEST).write_text(json.dumps({"key": {**kept["key"], **changed}}))
     assert prepare.prepared(model_bytes, weights, tmp_path) == made
+    assert not superseded.exists() and other_voice.exists()
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     assert prepare.prepared(model_bytes, weights, blocked) == made

@@ -12,6 +12,7 @@ import hashlib
 import importlib.metadata
 import json
 import logging
+import shutil
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ def prepared(model_bytes: bytes, weights_sha256: str, directory: Path | None) ->
         return kept
     made = _make(model_bytes)
     _keep(place, key, made)
+    _drop_superseded(directory, key)
     return made
 
 
@@ -136,3 +138,16 @@ def _keep(place: Path, key: dict[str, Any], made: Prepared) -> None:
         write_atomically(place / MANIFEST, json.dumps(manifest, indent=1).encode())
     except OSError as error:
         log.warning("could not keep the voice's split stages in %s: %s", place, error)
+
+
+def _drop_superseded(directory: Path, key: dict[str, Any]) -> None:
+    """Remove the splits of the same weights made by other code or another onnx (after an upgrade: 67 MB each for
+    the embedded voice). A start of the old code that was reading one makes its own again."""
+    for manifest in directory.glob(f"*/{MANIFEST}"):
+        try:
+            other = json.loads(manifest.read_text(encoding="utf-8"))["key"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # being written, or not ours to judge
+        if other != key and other.get("weights_sha256") == key["weights_sha256"]:
+            log.info("removing %s, a split of these weights by other code", manifest.parent)
+            shutil.rmtree(manifest.parent, ignore_errors=True)
