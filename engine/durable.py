@@ -3,11 +3,14 @@ leaves the old file or the whole new one, never part of one."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -16,6 +19,11 @@ TEMP_SUFFIX = ".tmp"
 UNFINISHED_AFTER_S = 600.0
 """A part-written file untouched this long was left by a crash. Younger ones are left alone: the directory may be
 shared by replicas, and one starting must not remove the file another is writing (a save takes milliseconds)."""
+
+
+def key_name(key: dict[str, Any]) -> str:
+    """The file or folder name of what is kept under ``key`` (a JSON object): its canonical form's SHA-256."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
 def fsync_directory(directory: Path) -> None:

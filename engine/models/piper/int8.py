@@ -17,10 +17,8 @@ Figures and the reasons for the choice: ``docs/decisions.md``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import re
 import tempfile
 from collections.abc import Callable, Sequence
@@ -33,6 +31,7 @@ import onnxruntime
 import soxr
 from rapidfuzz.distance import Levenshtein
 
+from rtvoice.engine.durable import key_name, write_atomically
 from rtvoice.engine.models.piper.stages import Stage
 
 log = logging.getLogger(__name__)
@@ -376,7 +375,7 @@ def _build(
 
 def kept_place(directory: Path, key: dict[str, Any]) -> Path:
     """Where the build for ``key`` is kept under ``directory``."""
-    return directory / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return directory / key_name(key)
 
 
 def read_kept(place: Path | None, key: dict[str, Any]) -> Int8Parts | None:
@@ -407,8 +406,6 @@ def keep(place: Path | None, key: dict[str, Any], built: Int8Parts) -> None:
             files["decoder.onnx"] = built.decoder
         files["verdict.json"] = json.dumps({"key": key, "verdict": asdict(built.verdict)}, indent=1).encode()
         for name, data in files.items():
-            with tempfile.NamedTemporaryFile("wb", dir=place, suffix=".tmp", delete=False) as file:
-                file.write(data)
-            os.replace(file.name, place / name)
+            write_atomically(place / name, data)
     except OSError as error:
         log.warning("could not keep the int8 parts in %s: %s", place, error)

@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 import onnxruntime
 
-from rtvoice.engine.durable import write_atomically
+from rtvoice.engine.durable import key_name, write_atomically
 from rtvoice.engine.models.base import StepBudget, StepPayload, SynthesisOptions, VoiceSession
 from rtvoice.engine.models.piper import context
-from rtvoice.engine.models.piper.stages import PiperGraphs, Stage
+from rtvoice.engine.models.piper.prepare import Prepared
+from rtvoice.engine.models.piper.stages import PiperGraphs
 from rtvoice.engine.models.piper.steps import EncodedSegment, EncodeJob
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ def remembered(directory: Path | None, key: dict[str, Any], measure: Callable[[]
     left out."""
     if directory is None:
         return measure()
-    path = directory / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()}.json"
+    path = directory / f"{key_name(key)}.json"
     try:
         kept = json.loads(path.read_text(encoding="utf-8"))
         if kept["key"] == key:
@@ -174,9 +175,7 @@ def least_contexts(
 
 def fastest_decoder(
     voice_id: str,
-    graphs: PiperGraphs,
-    two_d_decoder: Stage | None,
-    channels: int | None,
+    prepared: Prepared,
     exported: onnxruntime.InferenceSession,
     chunk_size: int,
     options: onnxruntime.SessionOptions,
@@ -185,13 +184,14 @@ def fastest_decoder(
     kept: Callable[[dict[str, Any], Callable[[], Any]], Any],
     weights_sha256: str,
 ) -> tuple[onnxruntime.InferenceSession, bytes]:
-    """The decoder as exported, or ``two_d_decoder`` (its convolutions run as 2-D ones: ``layout.py``) when that
-    gives the same audio and is faster here, timed on a chunk of ``chunk_size`` frames (the largest the plan makes,
-    context included) of ``channels``; with its model. ``kept`` (``remembered`` in a directory) keeps the choice under
-    its key, so the 2-D session is only made where it is timed or was chosen."""
-    if two_d_decoder is None or channels is None:
+    """The decoder as exported, or its 2-D form (``prepared.two_d_decoder``: ``layout.py``) when that gives the same
+    audio and is faster here, timed on a chunk of ``chunk_size`` frames (the largest the plan makes, context included);
+    with its model. ``kept`` (``remembered`` in a directory) keeps the choice under its key, so the 2-D session is
+    only made where it is timed or was chosen."""
+    graphs, channels = prepared.graphs, prepared.decoder_channels
+    if prepared.two_d_decoder is None or channels is None:
         return exported, graphs.decoder.model
-    two_d = two_d_decoder.model
+    two_d = prepared.two_d_decoder.model
 
     def candidate() -> onnxruntime.InferenceSession | None:
         try:

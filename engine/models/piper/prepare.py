@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from rtvoice.engine.durable import write_atomically
+from rtvoice.engine.durable import key_name, write_atomically
 from rtvoice.engine.models.piper.stages import PiperGraphs, Stage
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def prepared(model_bytes: bytes, weights_sha256: str, directory: Path | None) ->
     key = _key(weights_sha256)
     if directory is None or key is None:
         return _make(model_bytes)
-    place = directory / _digest(key)
+    place = directory / key_name(key)
     kept = _read(place, key)
     if kept is not None:
         log.info("stages as split before (%s)", place)
@@ -75,10 +75,6 @@ def _key(weights_sha256: str) -> dict[str, Any] | None:
     }
 
 
-def _digest(key: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
-
-
 def _make(model_bytes: bytes) -> Prepared:
     # Imported here: onnx is needed only to make a split (see the module's note).
     import onnx
@@ -95,7 +91,7 @@ def _read(place: Path, key: dict[str, Any]) -> Prepared | None:
     """The split kept at ``place`` for ``key``; None when there is none, or it cannot be read."""
     try:
         manifest = json.loads((place / MANIFEST).read_text(encoding="utf-8"))
-        if manifest["key"] != key:
+        if manifest["key"] != key:  # a clash of digests, or written by hand
             return None
         names = manifest["graphs"]
         interfaces = manifest["interfaces"]

@@ -138,9 +138,7 @@ class PiperVoice(Voice):
         self.planner = Planner(self.geometry)
         self.decoder, decoder_model = measure.fastest_decoder(
             self.info.id,
-            self.graphs,
-            prepared.two_d_decoder,
-            prepared.decoder_channels,
+            prepared,
             exported_decoder,
             self.planner.chunk_size(self.geometry.max_chunk),
             options,
