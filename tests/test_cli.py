@@ -80,7 +80,8 @@ def imported(stderr: str, module: str) -> bool:
 
 def test_say_keeps_the_voices_split_and_a_second_run_imports_no_onnx(tmp_path: Path) -> None:
     """The first run on a data directory splits the voice (onnx) and keeps the stages there; the next reads them back,
-    without onnx (1.4 s of every start), and says the same to the sample."""
+    without onnx (1.4 s of every start), and says the same: to the rounding of another chunking, since the chunks
+    follow each run's budget of time (in CI the runs first differed at sample 3425, by one step)."""
     data = tmp_path / "data"
     seed_caches(data)  # what was timed; the split is made here
     shutil.rmtree(data / "stages", ignore_errors=True)
@@ -94,7 +95,8 @@ def test_say_keeps_the_voices_split_and_a_second_run_imports_no_onnx(tmp_path: P
         assert imported(result.stderr, "rtvoice.engine.models.piper.voice"), "the voice was not loaded"
         outputs.append(out.read_bytes())
     assert [p.name for p in (data / "stages").glob("*/stages.json")], "no split kept"
-    assert outputs[0] == outputs[1] and rms(np.frombuffer(outputs[0], "<i2")) > 0.02
+    made, read_back = (np.frombuffer(output, "<i2") for output in outputs)
+    assert same_speech(read_back, made) and rms(made) > 0.02
 
 
 def test_say_with_a_seed_is_reproducible(tmp_path: Path) -> None:
