@@ -99,7 +99,7 @@ def test_voice_ids_and_openai_names(server: Server) -> None:
 def test_speed(server: Server) -> None:
     normal = len(speech(server, response_format="pcm", seed=2).content)
     fast = len(speech(server, response_format="pcm", seed=2, speed=2.0).content)
-    assert fast < 0.8 * normal
+    assert 0.4 < fast / normal < 0.6  # half, to a frame a sentence (engine/models/piper/pace.py)
 
 
 BAD_BODIES = [

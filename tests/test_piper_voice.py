@@ -15,11 +15,11 @@ import onnxruntime
 import pytest
 
 from rtvoice.engine.models.base import SynthesisOptions
-from rtvoice.engine.models.piper import context, graph, measure, prepare
+from rtvoice.engine.models.piper import context, graph, measure, pace, prepare
 from rtvoice.engine.models.piper.measure import SentenceStages
 from rtvoice.engine.models.piper.voice import PiperVoice
 from rtvoice.engine.voices import embedded_voice_path
-from tests.audio import SAME_SPEECH_DB, snr_db
+from tests.audio import SAME_SPEECH_DB, rms, snr_db
 
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river, and then it runs far away into the woods."
 
@@ -251,12 +251,27 @@ def test_seed_makes_speech_reproducible(piper_voice: PiperVoice) -> None:
     assert len(other) != len(first) or not np.array_equal(other, first)
 
 
-def test_speed_changes_length(piper_voice: PiperVoice) -> None:
-    normal = len(run_session(piper_voice, SENTENCE, seed=1))
-    fast = len(run_session(piper_voice, SENTENCE, seed=1, speed=2.0))
-    slow = len(run_session(piper_voice, SENTENCE, seed=1, speed=0.5))
-    # Durations are ceil(length * scale) frames, so halving the scale does not quite halve the length.
-    assert 0.45 < fast / normal < 0.75 and 1.6 < slow / normal < 2.3
+@pytest.mark.parametrize("speed", [0.5, 0.8, 1.5, 2.0, 4.0])
+def test_speed_gives_one_over_speed_of_the_frames(piper_voice: PiperVoice, speed: float) -> None:
+    """A sentence at ``speed`` is 1/speed of its length at speed 1, to a frame: its frames are picked from the same
+    encoding (``pace.py``), so the speech is the same voice, not another draw."""
+    hop = piper_voice.hop
+    normal = run_session(piper_voice, SENTENCE, seed=1)
+    paced = run_session(piper_voice, SENTENCE, seed=1, speed=speed)
+    assert abs(len(paced) - len(normal) / speed) <= hop and len(paced) % hop == 0
+    assert rms(paced) > 0.5 * rms(normal)
+
+
+def test_pace_keeps_every_token_until_it_cannot_and_hits_the_sum() -> None:
+    durations = np.array([1, 2, 1, 6, 1, 1, 3, 1, 8, 1, 2, 1, 1, 5, 1, 0, 0])
+    for speed in (0.25, 0.5, 1.5, 2.0, 2.2):
+        paced = pace.paced_durations(durations, speed)
+        assert paced.sum() == np.floor(durations.sum() / speed + 0.5), speed
+        assert ((paced > 0) == (durations > 0)).all(), "a token lost or a pad given frames"
+    fastest = pace.paced_durations(durations, 4.0)  # 9 frames for 15 spoken tokens: some get none
+    assert fastest.sum() == 9 and not fastest[durations == 0].any()
+    picks = pace.frame_picks(np.array([2, 0, 3]), np.array([1, 0, 2]))
+    assert picks.tolist() == [0, 2, 2]  # token 0's first frame, then token 2's (frames 2-4) twice
 
 
 def test_unspeakable_segment_gives_no_audio(piper_voice: PiperVoice) -> None:

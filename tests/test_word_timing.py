@@ -182,11 +182,13 @@ def test_speed_scales_the_times(engine: Engine, speed: float) -> None:
     normal = run(engine, events(engine, TEXT))
     changed = run(engine, events(engine, TEXT, speed=speed))
     ratio = audio_s(changed) / audio_s(normal)
-    # Durations are whole frames (rounded up per phoneme), so the audio does not scale exactly by 1/speed.
-    assert ratio == pytest.approx(1 / speed, rel=0.3)
-    # Each word sits at the same place in the audio, scaled.
+    # A sentence has 1/speed of its frames (engine/models/piper/pace.py); the second's durations are another draw,
+    # since the first's noise took another number of frames from the stream's generator.
+    assert ratio == pytest.approx(1 / speed, rel=0.05)
+    # Each word sits at about the same place in the audio, scaled: a one-frame token does not shrink, so a word moves
+    # by a few hundredths of the length (where the client hears it: the forced-alignment test below).
     for a, b in zip(words_of(normal), words_of(changed), strict=True):
-        assert b.start_s / audio_s(changed) == pytest.approx(a.start_s / audio_s(normal), abs=0.025), a.text
+        assert b.start_s / audio_s(changed) == pytest.approx(a.start_s / audio_s(normal), abs=0.05), a.text
 
 
 def test_later_segments_are_offset_by_the_audio_before_them(engine: Engine) -> None:

@@ -49,7 +49,7 @@ class _Segment:
     """A segment of the stream: its text, then its flow inputs, its latent, and how far flow and decoder have got."""
 
     text: str
-    length_scale: float
+    speed: float
     frames: int = -1
     frame_inputs: dict[str, np.ndarray] = field(default_factory=dict)
     latent: np.ndarray | None = None
@@ -94,7 +94,7 @@ class PiperSession(VoiceSession):
         if self.idle:
             self.owes_audio = True
         speed = min(MAX_SPEED, max(MIN_SPEED, self.speed * rate))
-        self.pending.append(_Segment(text=text, length_scale=self.voice.config.length_scale / speed))
+        self.pending.append(_Segment(text=text, speed=speed))
 
     def next_step(self) -> PiperStep | None:
         """The plan without a scheduler's budget: a small first chunk, then windows and chunks at their caps."""
@@ -113,10 +113,11 @@ class PiperSession(VoiceSession):
             job = EncodeJob(
                 text=self.pending[0].text,
                 rng=self.rng,
-                length_scale=self.pending[0].length_scale,
+                length_scale=v.config.length_scale,
                 noise_scale=v.config.noise_scale,
                 noise_w=v.config.noise_w_scale,
                 timings=self.times_words,
+                speed=self.pending[0].speed,
             )
             # Batch keys carry a size bucket: padding a short step to a long one's length would slow the short one.
             size_bucket = len(job.text) // 64
@@ -164,10 +165,7 @@ class PiperSession(VoiceSession):
         if self.pending:
             if not v.frames_per_char:
                 return None  # not warmed up: no measure of how long its text speaks
-            frames += sum(
-                len(segment.text) * v.frames_per_char * segment.length_scale / v.config.length_scale
-                for segment in self.pending
-            )
+            frames += sum(len(segment.text) * v.frames_per_char / segment.speed for segment in self.pending)
         return frames * frame_s
 
     def complete(self, step: PiperStep, result: Any) -> np.ndarray | None:

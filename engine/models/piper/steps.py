@@ -27,6 +27,8 @@ class EncodeJob(StepPayload):
     noise_w: float
     timings: bool = True
     """Work out when each token is heard (``EncodedSegment.tokens``); False for a stream that sends no words."""
+    speed: float = 1.0
+    """The segment's pace: its frames are 1/speed of those at ``length_scale`` (``pace.py``)."""
 
 
 @dataclass

@@ -32,7 +32,7 @@ from rtvoice.engine.models.base import (
     Voice,
     VoiceInfo,
 )
-from rtvoice.engine.models.piper import alignment, measure, prepare
+from rtvoice.engine.models.piper import alignment, measure, pace, prepare
 from rtvoice.engine.models.piper import int8 as int8_parts
 from rtvoice.engine.models.piper.int8 import Int8Mode
 from rtvoice.engine.models.piper.measure import MEASURING_TEXT, SentenceStages
@@ -350,8 +350,13 @@ class PiperVoice(Voice):
             padded_frames = mask.shape[-1]
             for row, i in enumerate(live):
                 frames = int(mask[row].sum())
+                picks: np.ndarray | slice = slice(0, frames)
+                token_frames = durations[row, 0]
+                if jobs[i].speed != 1.0:
+                    paced = pace.paced_durations(token_frames, jobs[i].speed)
+                    picks, token_frames, frames = pace.frame_picks(token_frames, paced), paced, int(paced.sum())
                 frame_inputs = {
-                    name: (value[row, ..., :frames] if value.ndim == 3 and value.shape[-1] == padded_frames else value)
+                    name: (value[row][..., picks] if value.ndim == 3 and value.shape[-1] == padded_frames else value)
                     for name, value in outputs.items()
                 }
                 mean = frame_inputs[self.graphs.prior_mean]
@@ -359,7 +364,7 @@ class PiperVoice(Voice):
                     jobs[i].rng.standard_normal(mean.shape, dtype=np.float32) * jobs[i].noise_scale
                 )
                 traced = phonemised[i][1]
-                tokens = None if traced is None else self._token_timings(jobs[i].text, traced, durations[row, 0])
+                tokens = None if traced is None else self._token_timings(jobs[i].text, traced, token_frames)
                 results[i] = EncodedSegment(frames=frames, frame_inputs=frame_inputs, tokens=tokens)
         return [result for result in results if result is not None]  # every job's row was filled above
 
