@@ -199,11 +199,15 @@ def kept_measures(directory: Path) -> dict[str | None, dict[str, Any]]:
 
 
 def test_a_voice_keeps_what_it_measured_and_a_restart_reads_it_back(
-    piper_voice: PiperVoice, piper_measured_dir: Path, caplog: pytest.LogCaptureFixture
+    piper_voice: PiperVoice,
+    piper_measured_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A voice loaded with a directory for them (the fixture's, empty before it) keeps what it measured there: its
     contexts under its weights' digest, its decoder's layout under the machine's processor and cores too (reading
-    them back is ``measure.remembered``'s, tested above). Loaded again, it reads them instead of timing them."""
+    them back is ``measure.remembered``'s, tested above). Loaded again, it reads them instead of timing them, and
+    makes the exported decoder's session only where that is the decoder it runs."""
     kept = kept_measures(piper_measured_dir)
     weights = hashlib.sha256(embedded_voice_path().read_bytes()).hexdigest()
     assert kept[None]["key"]["weights_sha256"] == weights
@@ -211,8 +215,20 @@ def test_a_voice_keeps_what_it_measured_and_a_restart_reads_it_back(
     layout_key = kept["decoder layout"]["key"]
     assert layout_key["weights_sha256"] == weights and layout_key["processor"] and layout_key["cores"] >= 1
     assert kept["decoder layout"]["value"] in ("2-D", "as exported")
+    made: list[Any] = []
+    session_of = onnxruntime.InferenceSession
+
+    def counted(model: Any, *args: Any, **kwargs: Any) -> onnxruntime.InferenceSession:
+        made.append(model)
+        return session_of(model, *args, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", counted)
     with caplog.at_level(logging.INFO, logger="rtvoice.engine.models.piper.measure"):
         again = PiperVoice(embedded_voice_path(), measured_dir=piper_measured_dir, wide_threads=2)
+    monkeypatch.undo()
+    exported_sessions = sum(model == again.graphs.decoder.model for model in made)
+    runs_exported = kept["decoder layout"]["value"] != "2-D"
+    assert exported_sessions == (1 + ("decode" in again.wide_kinds()) if runs_exported else 0), exported_sessions
     read_back = [r.getMessage() for r in caplog.records if "as measured before" in r.getMessage()]
     assert len(read_back) == 2 and not [r for r in caplog.records if "ms as exported" in r.getMessage()], read_back
     assert (again.flow_context, again.decoder_context) == (piper_voice.flow_context, piper_voice.decoder_context)

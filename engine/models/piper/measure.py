@@ -176,7 +176,7 @@ def least_contexts(
 def fastest_decoder(
     voice_id: str,
     prepared: Prepared,
-    exported: onnxruntime.InferenceSession,
+    exported: Callable[[], onnxruntime.InferenceSession],
     chunk_size: int,
     options: onnxruntime.SessionOptions,
     providers: list[str],
@@ -184,13 +184,13 @@ def fastest_decoder(
     kept: Callable[[dict[str, Any], Callable[[], Any]], Any],
     weights_sha256: str,
 ) -> tuple[onnxruntime.InferenceSession, bytes]:
-    """The decoder as exported, or its 2-D form (``prepared.two_d_decoder``: ``layout.py``) when that gives the same
-    audio and is faster here, timed on a chunk of ``chunk_size`` frames (the largest the plan makes, context included);
-    with its model. ``kept`` (``remembered`` in a directory) keeps the choice under its key, so the 2-D session is
-    only made where it is timed or was chosen."""
+    """The decoder as exported (its session from ``exported``), or its 2-D form (``prepared.two_d_decoder``:
+    ``layout.py``) when that gives the same audio and is faster here, timed on a chunk of ``chunk_size`` frames (the
+    largest the plan makes, context included); with its model. ``kept`` (``remembered`` in a directory) keeps the
+    choice under its key, so each session is only made where it is timed or was chosen."""
     graphs, channels = prepared.graphs, prepared.decoder_channels
     if prepared.two_d_decoder is None or channels is None:
-        return exported, graphs.decoder.model
+        return exported(), graphs.decoder.model
     two_d = prepared.two_d_decoder.model
 
     def candidate() -> onnxruntime.InferenceSession | None:
@@ -207,13 +207,13 @@ def fastest_decoder(
         if session is None:
             return "as exported"
         made.append(session)
-        return _decoder_layout(voice_id, exported, session, graphs.latent, channels, chunk_size)
+        return _decoder_layout(voice_id, exported(), session, graphs.latent, channels, chunk_size)
 
     key = timings_key(weights_sha256, "decoder layout", options.intra_op_num_threads, chunk_frames=chunk_size)
     if kept(key, measured) != "2-D":
-        return exported, graphs.decoder.model
+        return exported(), graphs.decoder.model
     session = made[0] if made else candidate()
-    return (exported, graphs.decoder.model) if session is None else (session, two_d)
+    return (exported(), graphs.decoder.model) if session is None else (session, two_d)
 
 
 def _decoder_layout(

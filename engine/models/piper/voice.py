@@ -113,7 +113,10 @@ class PiperVoice(Voice):
         providers = ["CPUExecutionProvider"]
         self.encoder = onnxruntime.InferenceSession(self.graphs.encoder.model, options, providers=providers)
         self.flow = onnxruntime.InferenceSession(self.graphs.flow.model, options, providers=providers)
-        exported_decoder = onnxruntime.InferenceSession(self.graphs.decoder.model, options, providers=providers)
+        # Made only where it is measured or chosen: a start that reads back the 2-D choice never needs it (37 ms).
+        exported_decoder = functools.cache(
+            lambda: onnxruntime.InferenceSession(self.graphs.decoder.model, options, providers=providers)
+        )
         frame_ms = 1000 * self.hop / self.info.sample_rate
         chunk_frames = plan.first_chunk_frames(frame_ms)
         key = measure.contexts_key(weights_sha256, config_bytes, chunk_frames)
@@ -125,8 +128,8 @@ class PiperVoice(Voice):
                 self.info.id,
                 self.graphs,
                 self.hop,
-                self.sentence_stages(MEASURING_TEXT, seed=0, decoder=exported_decoder),
-                exported_decoder,
+                self.sentence_stages(MEASURING_TEXT, seed=0, decoder=exported_decoder()),
+                exported_decoder(),
                 chunk_frames,
                 max(1, wide_threads),
             ),
