@@ -8,8 +8,9 @@
   is hit the route sees the client as gone and the middleware sends the answer.
 - ``WebSocketLimits``: ``RTVOICE_WS_MAX_CONNECTIONS`` at once (503 with Retry-After before the upgrade) and an
   idle timeout: a socket with no message either way for ``RTVOICE_WS_IDLE_TIMEOUT_S`` is closed (1000,
-  ``idle timeout``). Message size is uvicorn's ``ws_max_size`` (close 1009), set from
-  ``RTVOICE_WS_MAX_MESSAGE_BYTES`` in ``app/server.py``, with the header deadline and size.
+  ``idle timeout``), unless the server still owes it audio it asked for. Message size is uvicorn's
+  ``ws_max_size`` (close 1009), set from ``RTVOICE_WS_MAX_MESSAGE_BYTES`` in ``app/server.py``, with the header
+  deadline and size.
 """
 
 from __future__ import annotations
@@ -147,6 +148,9 @@ class ManagedSocket:
         self.on_shutdown: Callable[[], Awaitable[None]] | None = None
         self.busy: Callable[[], bool] = lambda: False
         """Set by the route: whether the socket has a stream in progress (a drain waits for it)."""
+        self.owes_audio: Callable[[], bool] = lambda: False
+        """Set by the route: whether the client waits on the server (speech it finished sending, still being made
+        or sent); the idle timeout waits while it does."""
         self._closing = asyncio.Event()
         self._send: Send | None = None
 
@@ -193,7 +197,10 @@ class ManagedSocket:
                     self.last_activity = time.monotonic()
                     return message
                 if time.monotonic() - self.last_activity >= self.idle_timeout_s:
-                    await self.close(CLOSE_NORMAL, "idle timeout")
+                    if self.owes_audio():  # a slow first audio (a queue, a loaded machine) is not the client idling
+                        self.last_activity = time.monotonic()
+                    else:
+                        await self.close(CLOSE_NORMAL, "idle timeout")
             return {"type": "websocket.disconnect", "code": CLOSE_NORMAL}
 
         try:

@@ -110,7 +110,8 @@ class Settings(EngineSettings):
     ws_max_connections: int = Field(256, ge=1)
     """WebSocket connections at once; past it, 503 with Retry-After before the upgrade."""
     ws_idle_timeout_s: float = Field(300.0, gt=0)
-    """A WebSocket with no message either way for this long is closed (1000, reason ``idle timeout``)."""
+    """A WebSocket with no message either way for this long is closed (1000, reason ``idle timeout``), unless the
+    server still owes it audio it asked for."""
     whep_max_sdp_bytes: int = Field(65_536, ge=1024)
     """Largest WHEP offer (``application/sdp``); past it, 413."""
     whep_max_trickle_bytes: int = Field(16_384, ge=256)

@@ -183,6 +183,34 @@ def test_a_websocket_message_over_the_limit_closes_1009(limited: Server) -> None
     asyncio.run(main())
 
 
+def test_a_websocket_waiting_for_a_slow_first_audio_is_not_idle(start_server: Callable[..., Server]) -> None:
+    """The client has sent its text and ``end``; on a machine slow enough (calls held 40 times their time) the first
+    audio comes later than the idle timeout, and the socket stays open for it (CI once closed it, under load). An idle
+    socket beside it is still closed."""
+    slow = start_server(ws_idle_timeout_s="0.2", model_cost_scale="40", warmup="false")
+
+    async def main() -> None:
+        async with websockets.connect(ws_url(slow)) as idle, websockets.connect(ws_url(slow)) as waiting:
+            await waiting.send(json.dumps({"type": "start", "sample_rate": 16000}))
+            assert json.loads(await waiting.recv())["type"] == "started"
+            await waiting.send(json.dumps({"type": "text", "text": "Hello there."}))
+            await waiting.send(json.dumps({"type": "end"}))
+            ended_at = time.monotonic()
+            first_audio_at = final = None
+            async for message in waiting:
+                if isinstance(message, bytes) and first_audio_at is None:
+                    first_audio_at = time.monotonic()
+                elif isinstance(message, str) and json.loads(message)["type"] == "done":
+                    final = json.loads(message)
+            assert first_audio_at is not None and first_audio_at - ended_at > 0.2, "no wait longer than the timeout"
+            assert final is not None and final["final"] and final["audio_s"] > 0.5
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(idle.recv(), 10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.reason == "idle timeout"
+
+    asyncio.run(main())
+
+
 def test_an_idle_websocket_is_closed_but_a_speaking_one_is_not(limited: Server) -> None:
     async def main() -> None:
         async with websockets.connect(ws_url(limited)) as idle, websockets.connect(ws_url(limited)) as busy:

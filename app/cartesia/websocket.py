@@ -99,6 +99,10 @@ class Connection:
     def speaking(self) -> bool:
         return bool(self.contexts)
 
+    def owes_audio(self) -> bool:
+        """A context whose input the client closed is still being spoken."""
+        return any(context.input_closed and not context.cancelled for context in self.contexts.values())
+
     async def shut_down(self) -> None:
         for context in list(self.contexts.values()):
             self._cancel(context)

@@ -189,6 +189,10 @@ class Connection:
         """An utterance is being spoken, queued, or taking text."""
         return bool(self.utterances.live()) or self.utterances.open is not None
 
+    def owes_audio(self) -> bool:
+        """An utterance the client flushed or ended is being spoken or queued."""
+        return any(utterance is not self.utterances.open for utterance in self.utterances.live())
+
     async def shut_down(self) -> None:
         """The server's drain ran out: stop speaking, say ``server_shutting_down``, close 1001."""
         self.utterances.drop_all()

@@ -119,6 +119,9 @@ class Session(Protocol):
     def speaking(self) -> bool:
         """Whether the session has speech in progress (a drain waits for it)."""
 
+    def owes_audio(self) -> bool:
+        """Whether the client waits on the server: speech it finished sending is still being made or sent."""
+
     async def shut_down(self) -> None:
         """The drain ran out: stop, say ``server_shutting_down`` in the protocol's words, close 1001."""
 
@@ -144,6 +147,7 @@ async def serve_session(
     socket = managed_socket(websocket.scope)
     if socket is not None:  # the server's handle: a drain waits while it speaks, then lets it say goodbye
         socket.busy = connection.speaking
+        socket.owes_audio = connection.owes_audio
         socket.on_shutdown = connection.shut_down
     try:
         await connection.run()
