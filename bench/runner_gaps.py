@@ -14,15 +14,11 @@ import argparse
 import asyncio
 import bisect
 import statistics
-import threading
-import time
-from collections.abc import Sequence
-from typing import Any
 
+from bench.runner_calls import timed_calls
 from rtvoice.engine.engine import Engine
-from rtvoice.engine.models.base import StepPayload, SynthesisOptions, Voice
+from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.request import SynthesisRequest
-from rtvoice.engine.runner import BatchOutput
 from rtvoice.engine.settings import EngineSettings
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the quiet forest."
@@ -32,19 +28,7 @@ async def measure(streams: int, utterances: int) -> tuple[list[float], float]:
     """The gaps (s) and the mean call (s) of one run."""
     engine = Engine(EngineSettings(warmup=False))
     await engine.start()
-    calls: list[tuple[float, float]] = []
-    lock = threading.Lock()
-    run_now = engine.runner.run_now
-
-    def timed(voice: Voice, payloads: Sequence[StepPayload], wide: bool = False) -> BatchOutput:
-        start = time.perf_counter()
-        output = run_now(voice, payloads, wide)
-        with lock:
-            calls.append((start, time.perf_counter()))
-        return output
-
-    runner: Any = engine.runner  # the runner's call goes through its instance attribute: timed on the thread
-    runner.run_now = timed
+    calls = timed_calls(engine)
 
     async def client(index: int) -> None:
         for n in range(utterances):
@@ -56,15 +40,15 @@ async def measure(streams: int, utterances: int) -> tuple[list[float], float]:
         await asyncio.gather(*(client(i) for i in range(streams)))
     finally:
         await engine.stop()
-    starts = sorted(start for start, _ in calls)
-    ends = sorted(end for _, end in calls)
+    starts = sorted(call.start for call in calls)
+    ends = sorted(call.end for call in calls)
     tenth = len(ends) // 10
     gaps = []
     for end in ends[tenth : len(ends) - tenth]:
         following = bisect.bisect_left(starts, end)
         if following < len(starts):
             gaps.append(starts[following] - end)
-    return sorted(gaps), statistics.mean(end - start for start, end in calls)
+    return sorted(gaps), statistics.mean(call.end - call.start for call in calls)
 
 
 def main() -> None:
