@@ -156,35 +156,63 @@ class BackgroundLoad:
             thread.join(timeout=30)
 
 
+class Player:
+    """One WHEP session from the player page, in a browser context of its own; ``connect``: the page's
+    ``whepTest.connect`` options besides the server."""
+
+    def __init__(self, browser: Any, page_url: str, server_url: str, **connect: Any) -> None:
+        self.server_url = server_url
+        self.context = browser.new_context()
+        try:
+            self.page = self.context.new_page()
+            self.page.goto(page_url)
+            self.page.wait_for_function("window.whepTestReady === true")
+            self.resource = self.page.evaluate("(a) => whepTest.connect(a)", {"server": server_url, **connect})[
+                "resource"
+            ]
+        except BaseException:
+            self.context.close()
+            raise
+
+    def speak(
+        self, via: str, text: str, request_id: str, **more: Any
+    ) -> tuple[dict[str, Any], dict[str, Any], float | None]:
+        """One utterance, sent ``via`` the DataChannel or HTTP, played out: the page's result of ``whepTest.speak``,
+        its stats once quiet, and the server's time to this utterance's first frame (ms; None unless it counted
+        just this one)."""
+        total_before, count_before = first_frame_metric(self.server_url, via)
+        result = self.page.evaluate(
+            "(a) => whepTest.speak(a)", {"via": via, "text": text, "requestId": request_id, **more}
+        )
+        quiet = self.page.evaluate("() => whepTest.waitQuiet()")
+        total_after, count_after = first_frame_metric(self.server_url, via)
+        server_ms = 1000 * (total_after - total_before) if count_after - count_before == 1 else None
+        return dict(result), dict(quiet), server_ms
+
+    def close(self) -> None:
+        try:
+            self.page.evaluate("() => whepTest.close()")
+        finally:
+            self.context.close()
+
+
 def one_session(
     browser: Any, page_url: str, url: str, via: str, text: str, settle_ms: int, play_at_text: bool, utterances: int
 ) -> list[Sample]:
     """One WHEP session from the player page: ``utterances`` sentences, one after the other."""
-    context = browser.new_context()
+    player = Player(browser, page_url, url, datachannel=via == "datachannel", playAtSpeak=play_at_text)
     try:
-        page = context.new_page()
-        page.goto(page_url)
-        page.wait_for_function("window.whepTestReady === true")
-        page.evaluate(
-            "(a) => whepTest.connect(a)",
-            {"server": url, "datachannel": via == "datachannel", "playAtSpeak": play_at_text},
-        )
         if settle_ms:
-            page.wait_for_timeout(settle_ms)
+            player.page.wait_for_timeout(settle_ms)
         samples = []
         for index in range(utterances):
-            sum_before, count_before = first_frame_metric(url, via)
-            result = page.evaluate("(a) => whepTest.speak(a)", {"via": via, "text": text, "requestId": f"r{index}"})
-            after = page.evaluate("() => whepTest.waitQuiet()")
-            sum_after, count_after = first_frame_metric(url, via)
-            server_ms = 1000 * (sum_after - sum_before) if count_after - count_before == 1 else None
+            result, quiet, server_ms = player.speak(via, text, f"r{index}")
             samples.append(
-                Sample(result["firstAudibleMs"], server_ms, jitter_window(result["before"], result["at"], after))
+                Sample(result["firstAudibleMs"], server_ms, jitter_window(result["before"], result["at"], quiet))
             )
-        page.evaluate("() => whepTest.close()")
         return samples
     finally:
-        context.close()
+        player.close()
 
 
 def main() -> None:

@@ -53,7 +53,7 @@ import httpx
 import numpy as np
 
 from bench.normalize_wer import errors, words
-from bench.whep_browser import TEXT, first_frame_metric
+from bench.whep_browser import TEXT, Player
 from bench.whep_listeners import percentile, process_cpu_s
 from testkit.alignment import to_aligner, transcribe
 from testkit.browser import launch_chromium, serve_whep_player
@@ -134,19 +134,12 @@ def counters(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, 
     return {name: float((after.get(name) or 0) - ((before or {}).get(name) or 0)) for name in names}
 
 
-class Player:
-    """One WHEP session from the player page, in a browser context of its own."""
+class PassagePlayer(Player):
+    """A player on the DataChannel that also speaks the passage and keeps what it rendered."""
 
     def __init__(self, browser: Any, page_url: str, server: Server, jitter_target_ms: int | None = None) -> None:
+        super().__init__(browser, page_url, server.url, datachannel=True, jitterBufferTargetMs=jitter_target_ms)
         self.server = server
-        self.context = browser.new_context()
-        self.page = self.context.new_page()
-        self.page.goto(page_url)
-        self.page.wait_for_function("window.whepTestReady === true")
-        self.resource = self.page.evaluate(
-            "(a) => whepTest.connect(a)",
-            {"server": server.url, "datachannel": True, "jitterBufferTargetMs": jitter_target_ms},
-        )["resource"]
 
     def done(self, request_id: str) -> dict[str, Any]:
         """The utterance's ``done`` event, once it has come (the last frame handed to the sender)."""
@@ -156,15 +149,8 @@ class Player:
 
     def speak_timed(self, request_id: str) -> tuple[float, float | None, float]:
         """A short sentence: text sent -> first audible quantum, the server's first frame (ms), its audio (s)."""
-        total_before, count_before = first_frame_metric(self.server.url, "datachannel")
-        result = self.page.evaluate(
-            "(a) => whepTest.speak(a)", {"via": "datachannel", "text": TEXT, "requestId": request_id, "seed": 1}
-        )
-        self.page.evaluate("() => whepTest.waitQuiet()")
-        audio_s = self.done(request_id)["audio_s"]
-        total_after, count_after = first_frame_metric(self.server.url, "datachannel")
-        server_ms = 1000 * (total_after - total_before) if count_after - count_before == 1 else None
-        return result["firstAudibleMs"], server_ms, audio_s
+        result, _, server_ms = self.speak("datachannel", TEXT, request_id, seed=1)
+        return result["firstAudibleMs"], server_ms, self.done(request_id)["audio_s"]
 
     def passage(self, run: Run) -> None:
         """Speak the passage, recording what the page renders; fill ``run`` with what the player saw."""
@@ -186,24 +172,18 @@ class Player:
         run.rate = int(recording["rate"])
         run.pcm = np.frombuffer(base64.b64decode(recording["pcm"]), dtype="<i2")
 
-    def close(self) -> None:
-        try:
-            self.page.evaluate("() => whepTest.close()")
-        finally:
-            self.context.close()
-
 
 def clean_link(browser: Any, page_url: str, ttfa_runs: int) -> list[Run]:
     """Both ways on a clean link, their servers up together: the timed sentences in turn (so the machine's load
     weighs on both alike, and each server's CPU over them compares), then each passage."""
     runs = {way: Run(way, 0.0) for way in WAYS}
     servers: dict[str, Server] = {}
-    players: dict[str, Player] = {}
+    players: dict[str, PassagePlayer] = {}
     try:
         for way in WAYS:
             servers[way] = start_rtvoice({**WAYS[way], "RTVOICE_WHEP_SEND_LOSS": "0.0"})
         for way in WAYS:
-            players[way] = Player(browser, page_url, servers[way])
+            players[way] = PassagePlayer(browser, page_url, servers[way])
             players[way].speak_timed("warm-up")  # a session's and a server's one-time costs, not counted
         cpu_before = {way: process_cpu_s(servers[way].process.pid) for way in WAYS}
         audio_s = dict.fromkeys(WAYS, 0.0)
@@ -236,7 +216,7 @@ def lossy_link(browser: Any, page_url: str, way: str, loss: float, jitter_target
     try:
         for target in [None, *jitter_targets]:
             run = Run(way, loss, target)
-            player = Player(browser, page_url, server, target)
+            player = PassagePlayer(browser, page_url, server, target)
             try:
                 player.passage(run)
             finally:
@@ -301,16 +281,16 @@ def report(runs: list[Run], ttfa_runs: int) -> None:
         print("(the two ways' servers up together, sentences in turn; CPU: each server's over them)")
     print("\nIssue 37's targets (the defaults):")
     for loss, (wer_margin, concealed_most) in TARGETS.items():
-        run = next((r for r in runs if r.way == "FEC+RED" and r.loss == loss and r.jitter_target_ms is None), None)
+        target = next((r for r in runs if r.way == "FEC+RED" and r.loss == loss and r.jitter_target_ms is None), None)
         base = lossless.get("FEC+RED")
-        if run is None or base is None:
+        if target is None or base is None:
             continue
         checks = [
-            (f"WER within {wer_margin} of lossless", run.wer - base.wer <= wer_margin),
-            (f"speech concealed <= {concealed_most:.0%}", run.concealed <= concealed_most),
+            (f"WER within {wer_margin} of lossless", target.wer - base.wer <= wer_margin),
+            (f"speech concealed <= {concealed_most:.0%}", target.concealed <= concealed_most),
         ]
         if loss == 0.1:
-            checks.append(("FEC packets received > 0", run.stats["fecPacketsReceived"] > 0))
+            checks.append(("FEC packets received > 0", target.stats["fecPacketsReceived"] > 0))
         for what, met in checks:
             print(f"  {loss:.0%} loss: {what}: {'met' if met else 'NOT met'}")
     clean, reference = lossless.get("FEC+RED"), lossless.get("off")
