@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -34,6 +35,15 @@ def settled_audio_seconds(server: Server) -> float:
     grew = server.metric("rtvoice_audio_seconds_total") - made
     assert grew == pytest.approx(follow_s, abs=0.05), "audio was made for a cancelled stream meanwhile"
     return made
+
+
+def left_by_a_crash(*paths: Path) -> None:
+    """Make ``paths`` older than ``durable.UNFINISHED_AFTER_S``: part-written files that no live save still owns."""
+    from rtvoice.engine import durable
+
+    crashed = time.time() - durable.UNFINISHED_AFTER_S - 1
+    for path in paths:
+        os.utime(path, (crashed, crashed))
 
 
 @pytest.fixture(scope="session")

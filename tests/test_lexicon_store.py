@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import time
 from pathlib import Path
 
 import pytest
 
-from rtvoice.engine import durable, lexicon_store
+from rtvoice.engine import lexicon_store
 from rtvoice.engine.errors import Conflict, InvalidRequest, StorageFailed
 from rtvoice.engine.lexicon import PLS_NAMESPACE
 from rtvoice.engine.lexicon_store import LexiconStore, UnknownLexicon
+from tests.conftest import left_by_a_crash
 
 
 def pls(word: str, alias: str, lang: str = "en-US") -> bytes:
@@ -162,9 +161,7 @@ def test_leftovers_of_a_crashed_save_removed_and_a_save_in_progress_kept(tmp_pat
     partial.write_bytes(b"<lexicon")
     orphan = tmp_path / "lex_fedcba9876543210.json"  # the name was written, the .pls never was
     orphan.write_text('{"name": "lost"}')
-    crashed = time.time() - durable.UNFINISHED_AFTER_S - 1
-    for path in (partial, orphan):
-        os.utime(path, (crashed, crashed))
+    left_by_a_crash(partial, orphan)
     writing = tmp_path / ".lex_00000000000000bb.pls.efgh.tmp"
     writing.write_bytes(b"<lexicon")
     named = tmp_path / "lex_00000000000000bb.json"  # its JSON is written first

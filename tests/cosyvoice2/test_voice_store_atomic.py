@@ -12,17 +12,16 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from testkit.polling import wait_for
 from testkit.servers import REPO, free_port
+from tests.conftest import left_by_a_crash
 
 torch = pytest.importorskip("torch")
 
-from rtvoice.engine import durable  # noqa: E402
 from rtvoice.engine.models.cosyvoice2.frontend import PromptFeatures  # noqa: E402
 from rtvoice.engine.models.cosyvoice2.voice_store import SavedVoice, VoiceStore  # noqa: E402
 
@@ -95,9 +94,7 @@ def test_a_crash_mid_save_leaves_no_half_voice(tmp_path: Path) -> None:
         assert survivors == []
     # A fresh temporary file may be another replica's save in progress: it stays until it is old enough.
     partial = [p for p in tmp_path.iterdir() if p.name.startswith(".")]
-    crashed = time.time() - durable.UNFINISHED_AFTER_S - 1
-    for path in partial:
-        os.utime(path, (crashed, crashed))
+    left_by_a_crash(*partial)
     assert store.load_all() == survivors
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "the crashed save's temporary file stays"
 
