@@ -11,6 +11,7 @@ from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.output import MAX_TRIMMED_S, ONSET_LEAD_S, SILENCE_THRESHOLD
 from rtvoice.engine.request import SynthesisRequest
 from rtvoice.engine.stream import AudioChunk, WordTiming
+from tests.audio import same_speech
 from tests.engine_output import reference_engine
 
 TEXT = "Hello! How can I help you today?"
@@ -54,13 +55,12 @@ def test_trimmed_stream_is_the_same_speech_from_its_first_sound() -> None:
     first_sound = leading_silence(whole, SILENCE_THRESHOLD)
     # The embedded voice starts with silence; all of it goes but a short lead before the first sound.
     assert 0 < first_sound < MAX_TRIMMED_S * RATE
-    assert dropped == first_sound - round(ONSET_LEAD_S * RATE)
-    # The two runs' chunk plans follow the times measured as they run, so the decoder's windows can fall apart by
-    # a frame and float rounding can move a sample by one step; the audio is otherwise the same, sample for sample.
-    difference = np.abs(trimmed.astype(np.int32) - whole[dropped:].astype(np.int32))
-    assert difference.max() <= 2, difference.max()
-    # More windows fall apart under a loaded machine's timings (212 samples in 88,607 in a parallel run): a bound of 1%.
-    assert np.count_nonzero(difference) <= len(whole) // 100
+    # Where a sample at the threshold rounds the other way in the other run, its first sound moves a little.
+    assert abs(dropped - (first_sound - round(ONSET_LEAD_S * RATE))) <= RATE // 1000
+    # The two runs' chunk plans follow the times measured as they run, so their decoder windows can fall apart by a
+    # frame and float rounding moves samples by a step or two (212 samples in 88,607 in a parallel run): the same
+    # speech from the first sound on, to that rounding.
+    assert same_speech(trimmed, whole[dropped:])
     assert [w.text for w in trimmed_words] == [w.text for w in whole_words]
     for moved, original in zip(trimmed_words, whole_words, strict=True):
         assert moved.start_s == max(0.0, original.start_s - dropped / RATE)

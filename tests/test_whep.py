@@ -222,11 +222,12 @@ def test_datachannel_request_is_heard(server: Server) -> None:
             assert [w["text"] for w in words] == SHORT.replace(",", "").replace(".", "").split()
             assert all(SHORT[w["char_start"] : w["char_end"]] == w["text"] and w["request_id"] == "r1" for w in words)
             # Each word leaves with the frame that holds its start: its arrival, counted from audio_start's (the
-            # first frame's), is its start in the audio, up to the event loop's jitter on a busy machine.
+            # first frame's), is its start in the audio, up to the event loop's jitter on a busy machine, and later
+            # by the silence the server sent where its audio ran out (counted by the server itself).
             started_at = player.event_times[types.index("audio_start")]
             arrivals = [t for t, e in zip(player.event_times, player.events, strict=True) if e["type"] == "word"]
             lags = [(at - started_at) - w["start_s"] for at, w in zip(arrivals, words, strict=True)]
-            assert all(-0.05 < lag < 0.3 for lag in lags), lags
+            assert all(-0.05 < lag < 0.3 + underrun_frames * FRAME_S for lag in lags), (lags, underrun_frames)
             assert words[-1]["end_s"] <= done["audio_s"] + 0.02
             assert {f.samples for f in player.frames} == {FRAME_SAMPLES}  # 20 ms Opus frames at 48 kHz
         finally:
@@ -287,11 +288,13 @@ def test_cancel_stops_speech_within_a_chunk(server: Server) -> None:
             after = heard[heard.index(event["last_word"]) + 1 :]  # started playing, not finished
             assert all(w["end_s"] > event["audio_s"] for w in after), (after, event)
             assert all(w["start_s"] <= event["audio_s"] + 0.02 for w in heard)
-            await player.wait_for_media_until(stop + 1.0)  # then a second of media after the cancel, to listen to
+            await player.wait_for_media_until(stop + 2.0)  # then two seconds of media after the cancel, to listen to
             speech_after = [f for f in player.frames if f.at > stop and f.rms > SPEECH_RMS]
             tail = (speech_after[-1].at - stop) if speech_after else 0.0
             print(f"\nWHEP barge-in: last audible frame {tail * 1000:.0f} ms after cancel left the player")
-            assert tail < 0.6  # one 20 ms frame plus the player's jitter buffer, with room for a busy machine
+            # One 20 ms frame plus the player's jitter buffer; the rest is room for a busy machine's DataChannel and
+            # decoding (frames are timed as this client decodes them), well short of the two seconds listened to.
+            assert tail < 1.0
             spoken = [f for f in player.frames_between(first.at, stop) if f.rms > SPEECH_RMS]
             assert len(spoken) * FRAME_S > 0.25  # it was speaking when cancelled
             assert "done" not in [e["type"] for e in player.events]
@@ -481,6 +484,8 @@ def test_options_and_cors(server: Server) -> None:
 
 # -- a configured server: ICE servers, token, limits, idle timeout ----------------------------------------
 
+IDLE_TIMEOUT_S = 4.0
+
 
 @pytest.fixture(scope="module")
 def stun() -> Iterator[StunResponder]:
@@ -504,7 +509,8 @@ def configured(start_server: Any, stun: StunResponder) -> Server:
         whep_ice_servers=json.dumps(ice),
         whep_token=TOKEN,
         whep_max_sessions="2",
-        whep_idle_timeout_s="1.5",
+        # Long enough for a player to connect (ICE, DTLS, SCTP in Python on both ends) on a loaded machine.
+        whep_idle_timeout_s=str(IDLE_TIMEOUT_S),
         max_active_streams="1",
         max_queued_streams="0",
     )
@@ -612,6 +618,10 @@ def test_engine_overload_reaches_the_player(configured: Server) -> None:
     run(main())
 
 
+def gone(session: str) -> bool:
+    return httpx.get(session, headers=AUTH).status_code == 404
+
+
 def test_idle_sessions_are_closed_and_connected_ones_kept(configured: Server) -> None:
     async def main() -> None:
         pc, sdp = await offer_sdp()
@@ -621,8 +631,8 @@ def test_idle_sessions_are_closed_and_connected_ones_kept(configured: Server) ->
             response = post_offer(configured.url, sdp, headers=AUTH)
             assert response.status_code == 201
             session = f"{configured.url}{response.headers['location']}"
-            # Never connected, never spoken to: gone after the 1.5 s idle timeout.
-            assert await wait_for_async(lambda: httpx.get(session, headers=AUTH).status_code == 404, 8)
+            # Never connected, never spoken to: gone after the idle timeout.
+            assert await wait_for_async(lambda: gone(session), 4 * IDLE_TIMEOUT_S)
             assert (
                 configured.metric("rtvoice_whep_sessions_closed_total", {"reason": "idle_timeout"}) == closed_before + 1
             )
@@ -632,7 +642,7 @@ def test_idle_sessions_are_closed_and_connected_ones_kept(configured: Server) ->
             later_pc, later_sdp = await offer_sdp()
             later = f"{configured.url}{post_offer(configured.url, later_sdp, headers=AUTH).headers['location']}"
             try:
-                assert await wait_for_async(lambda: httpx.get(later, headers=AUTH).status_code == 404, 8)
+                assert await wait_for_async(lambda: gone(later), 4 * IDLE_TIMEOUT_S)
             finally:
                 await later_pc.close()
             assert httpx.get(player.session_url, headers=AUTH).status_code == 204

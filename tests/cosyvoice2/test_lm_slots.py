@@ -225,7 +225,7 @@ def test_steady_decode_builds_no_tensor_from_host_lists(
 ) -> None:
     """Once a set of streams has decoded together, their next steps make no tensor from Python values."""
     lm = model.llm
-    streams = [_start(lm, vectors, variant=v, max_ratio=8) for v in range(3)]
+    streams = [_start(lm, vectors, variant=v, seed=v, max_ratio=8) for v in range(3)]
     _prefill_and_decode(lm, streams, 1)
     made: list[Any] = []
     tensor = torch.tensor
@@ -476,7 +476,8 @@ def test_eos_is_masked_until_min_len_on_the_device(model: Any, vectors: dict[str
         scores[lm.eos] = 0.0
         return scores
 
-    stream = _start(lm, vectors, max_ratio=8)
+    # Seeded: the other stop ids stay open before min_len, and an unseeded draw took one about once in 2,000 runs.
+    stream = _start(lm, vectors, seed=0, max_ratio=8)
     logp = lm.forward_step([stream])[0]
     stream.min_len = 5
     made = 0
