@@ -85,9 +85,15 @@ def check_highlights_follow_the_audio(stats: dict, late: bool) -> None:
     starts = [m["char_start"] for m in marks]
     assert starts == sorted(set(starts)), starts
     first = marks[0]
-    drift = [(m["at"] - first["at"]) / 1000 - (m["start_s"] - first["start_s"]) for m in marks]
+    # Each highlight's place against its word's: the origin is the earliest of the first three, so that one late
+    # first highlight (the page is busiest as playback starts) does not make every later one look early.
+    offsets = [m["at"] / 1000 - m["start_s"] for m in marks]
+    origin = min(offsets[:3])
+    drift = [offset - origin for offset in offsets]
     assert all(d > -WORD_DRIFT_S for d in drift), drift
-    assert late or all(d < WORD_DRIFT_S for d in drift), drift
+    # One highlight may be held by a stall of the page's main thread (the audio plays on its own thread); words
+    # highlighted as they arrive would bunch, many at once.
+    assert late or sum(d >= WORD_DRIFT_S for d in drift) <= 1, drift
     shown = stats["highlights"][-1]
     print(
         f"{stats['transport']}: {len(marks)} highlights, drift {min(drift):+.3f}..{max(drift):+.3f} s, "
