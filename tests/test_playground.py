@@ -218,6 +218,7 @@ def test_webrtc_download_is_the_audio_the_track_played(page, server: Server) -> 
     """WebRTC has no PCM of its own on the page: the WAV is what the received track played, recorded in the page.
     Opus and the player's jitter buffer (which may play it a little faster) change its samples, so it is judged as
     speech: as long as the request made directly, and heard as its sentence rather than another."""
+    underrun_before = server.metric("rtvoice_whep_underrun_seconds_total")
     speak(page, "webrtc", SENTENCE, seed="11")
     stats = wait_done(page)
     with page.expect_download() as download:
@@ -232,7 +233,10 @@ def test_webrtc_download_is_the_audio_the_track_played(page, server: Server) -> 
         timeout=60,
     )
     want_s = speech_s(np.frombuffer(direct.content, dtype="<i2"), PAGE_RATE)
-    assert abs(speech_s(samples, rate) - want_s) <= 0.15 * want_s, (speech_s(samples, rate), want_s)
+    # Longer by the silence the server sent where its audio ran out (a loaded machine; the server counts it).
+    underrun_s = server.metric("rtvoice_whep_underrun_seconds_total") - underrun_before
+    played_s = speech_s(samples, rate)
+    assert -0.15 * want_s <= played_s - want_s <= 0.15 * want_s + underrun_s, (played_s, want_s, underrun_s)
     choices = [SENTENCE.lower().rstrip("."), "my sister bought a small house near the river last summer"]
     assert heard_as(to_aligner(samples, rate), choices) == choices[0]
 
