@@ -19,12 +19,13 @@ import statistics
 import time
 
 from bench.runner_calls import timed_calls
+from bench.ttfa import TEXTS
 from rtvoice.engine.engine import Engine
 from rtvoice.engine.models.base import SynthesisOptions
 from rtvoice.engine.request import SynthesisRequest
 from rtvoice.engine.settings import EngineSettings
 
-TEXT = "The quick brown fox jumps over the lazy dog by the river."
+TEXT = TEXTS["short (10 words)"]
 AT_ONCE = 4
 
 

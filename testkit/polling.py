@@ -5,8 +5,9 @@ same for code on an event loop, which must keep running while it waits."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 POLL_INTERVAL_S = 0.05
 
@@ -22,12 +23,14 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, interval: flo
 
 
 async def wait_for_async(
-    predicate: Callable[[], bool], timeout: float = 10.0, interval: float = POLL_INTERVAL_S
+    predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0, interval: float = POLL_INTERVAL_S
 ) -> bool:
-    """``wait_for`` on an event loop: the loop runs (and can make the condition true) between checks."""
+    """``wait_for`` on an event loop: the loop runs (and can make the condition true) between checks; ``predicate``
+    may be a coroutine function (a check that itself talks to the server)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():
+        held = predicate()
+        if await held if inspect.isawaitable(held) else held:
             return True
         await asyncio.sleep(interval)
     return False

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import websockets
 
-from testkit.polling import wait_for
+from testkit.polling import wait_for, wait_for_async
 from testkit.whep_client import refused_then_spoken
 from tests.conftest import Server
 from tests.test_whep import offer_sdp
@@ -247,15 +247,18 @@ def test_websocket_connections_at_once(limited: Server) -> None:
             for ws in sockets:
                 await ws.close()
         # The slots come back as the server sees the closes: until then a connect may still be refused.
-        deadline = time.monotonic() + 10
-        while True:
+        connected: list[websockets.ClientConnection] = []
+
+        async def slot_back() -> bool:
             try:
-                ws = await websockets.connect(ws_url(limited))
-                break
+                connected.append(await websockets.connect(ws_url(limited)))
             except websockets.InvalidStatus as still_full:
-                assert still_full.response.status_code == 503 and time.monotonic() < deadline, "no slot came back"
-                await asyncio.sleep(0.05)
-        async with ws:
+                assert still_full.response.status_code == 503
+                return False
+            return True
+
+        assert await wait_for_async(slot_back, 10), "no slot came back"
+        async with connected[0] as ws:
             await ws.send(json.dumps({"type": "start"}))
             assert json.loads(await ws.recv())["type"] == "started"
 
