@@ -10,6 +10,10 @@ voice, interleaved: each round times every system once (the order rotating by
 round). Figures are p50/p95 over the rounds; a ratio is the median over the
 rounds of that round's Piper TTFA / rtvoice TTFA, so the machine's drift within
 the run (other processes, CPU boost) cancels out of it.
+
+Each timed request starts after a rest (``--rest-ms``): Piper's onnxruntime
+threads spin on after a synthesis (50-60 ms of CPU on a 2-core machine), and a
+request timed in that spin shares the cores with it (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -126,16 +130,23 @@ def piper_http_once(client: httpx.Client, server: Server) -> Once:
     return once
 
 
-def interleaved(systems: dict[str, Once], text: str, runs: int) -> tuple[dict[str, Timing], dict[str, list[float]]]:
+def interleaved(
+    systems: dict[str, Once], text: str, runs: int, rest_s: float = 0.0
+) -> tuple[dict[str, Timing], dict[str, list[float]]]:
     """``runs`` rounds, each timing every system once on ``text`` (the order rotating by round, after two rounds
-    that warm connections and caches); each system's timings, and each other system's per-round TTFA ratio to the
-    first's."""
+    that warm connections and caches) ``rest_s`` after the one before; each system's timings, and each other
+    system's per-round TTFA ratio to the first's."""
     names = list(systems)
     timings = {name: Timing() for name in names}
     ratios: dict[str, list[float]] = {name: [] for name in names[1:]}
+
+    def rested(name: str) -> tuple[float, float, float]:
+        time.sleep(rest_s)
+        return systems[name](text)
+
     for round_ in range(runs + 2):
         shift = round_ % len(names)
-        measured = {name: systems[name](text) for name in names[shift:] + names[:shift]}
+        measured = {name: rested(name) for name in names[shift:] + names[:shift]}
         if round_ < 2:
             continue
         for name, (ttfa_s, total_s, audio_s) in measured.items():
@@ -149,6 +160,12 @@ def interleaved(systems: dict[str, Once], text: str, runs: int) -> tuple[dict[st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument(
+        "--rest-ms",
+        type=float,
+        default=250.0,
+        help="rest before each timed request, so that none is timed while the last one's threads still spin",
+    )
     args = parser.parse_args()
 
     from rtvoice.engine.voices import embedded_voice_path
@@ -170,7 +187,7 @@ def main() -> None:
         print(header)
         print("-" * len(header))
         for label, text in TEXTS.items():
-            results, ratios = interleaved(systems, text, args.runs)
+            results, ratios = interleaved(systems, text, args.runs, args.rest_ms / 1e3)
             for system, t in results.items():
                 print(
                     f"{label:24} {system:18} {t.audio_s:8.2f} {t.ttfa_p50 * 1e3:7.1f}ms {t.ttfa_p95 * 1e3:7.1f}ms "
