@@ -35,8 +35,8 @@ TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away i
 @dataclass
 class _Picked:
     owes_first_audio: bool
-    picked: float
     applied: float | None = None
+    """When its results were applied (``time.perf_counter()``)."""
 
 
 def first_audio_waits(scheduler: Scheduler) -> list[float]:
@@ -54,7 +54,7 @@ def first_audio_waits(scheduler: Scheduler) -> list[float]:
             previous = calls.setdefault(stream.id, [])
             if owes and previous and previous[-1].owes_first_audio and previous[-1].applied is not None:
                 waits.append(now - previous[-1].applied)
-            previous.append(_Picked(owes, now))
+            previous.append(_Picked(owes))
         return batch
 
     def completed(batch: Batch, output: BatchOutput) -> None:
@@ -68,9 +68,10 @@ def first_audio_waits(scheduler: Scheduler) -> list[float]:
     return waits
 
 
-async def measure(streams: int, utterances: int, warmup: bool = False) -> tuple[list[float], float, list[float]]:
-    """The gaps (s), the mean call (s) and the waits between a first audio's calls (s) of one run."""
-    engine = Engine(EngineSettings(warmup=warmup))
+async def measure(streams: int, utterances: int, calibrate: bool = False) -> tuple[list[float], float, list[float]]:
+    """The gaps (s), the mean call (s) and the waits between a first audio's calls (s) of one run; ``calibrate``:
+    the engine measures its costs at start (its warm-up), as a server does."""
+    engine = Engine(EngineSettings(warmup=calibrate))
     await engine.start()
     calls = timed_calls(engine)
     waits = first_audio_waits(engine.scheduler)
